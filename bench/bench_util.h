@@ -1,0 +1,61 @@
+// Shared plumbing for loradb-bench scenarios: the scenario registry, JSON-line output
+// (DESIGN.md section 8) and timing helpers. Measurements go to stdout as one JSON object per
+// line; progress goes to stderr.
+#ifndef LORADB_BENCH_BENCH_UTIL_H_
+#define LORADB_BENCH_BENCH_UTIL_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+
+namespace loradb::bench {
+
+// A scenario gets the arguments after its name (`loradb-bench SCENARIO [CASE] [--flags]`).
+using ScenarioFn = std::function<absl::Status(const std::vector<std::string>& args)>;
+
+struct ScenarioDef {
+  std::string name;
+  std::string help;
+  ScenarioFn run;
+  // Arguments `loradb-bench all` passes: sizes that fit a 2-core, 24 GiB machine.
+  std::vector<std::string> all_args;
+};
+
+std::vector<ScenarioDef>& ScenarioRegistry();
+bool RegisterScenario(ScenarioDef def);
+
+// Prints one measurement line. `fields` must carry "bench" and "case".
+void Emit(const nlohmann::json& fields);
+
+// Prints a goal line: {"bench":..,"goal":..,"value":..,"target":..,"met":..}.
+void EmitGoal(const std::string& bench, const std::string& goal, double value,
+              const std::string& target, bool met);
+
+// Progress text on stderr.
+void Progress(const std::string& text);
+
+// Monotonic seconds since an arbitrary origin.
+inline double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The q-quantile (0..1) of `samples` (copied, then partially sorted). 0 for an empty set.
+double Quantile(std::vector<double> samples, double q);
+
+}  // namespace loradb::bench
+
+#define LORADB_BENCH_CONCAT_INNER_(a, b) a##b
+#define LORADB_BENCH_CONCAT_(a, b) LORADB_BENCH_CONCAT_INNER_(a, b)
+#define LORADB_REGISTER_SCENARIO(...)                                                   \
+  static const bool LORADB_BENCH_CONCAT_(loradb_scenario_, __LINE__) [[maybe_unused]] = \
+      ::loradb::bench::RegisterScenario(__VA_ARGS__)
+
+#endif  // LORADB_BENCH_BENCH_UTIL_H_

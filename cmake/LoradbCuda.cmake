@@ -1,0 +1,23 @@
+# CUDA is enabled when nvcc exists (on PATH or in CUDA's usual prefix) unless LORADB_CUDA=OFF.
+# Our own .cu kernels use the system toolkit; they never include LibTorch.
+set(LORADB_HAVE_CUDA OFF)
+if(NOT LORADB_CUDA STREQUAL "OFF" AND NOT LORADB_SANITIZE STREQUAL "thread")
+  if(NOT CMAKE_CUDA_COMPILER)
+    find_program(LORADB_NVCC nvcc PATHS /usr/local/cuda/bin NO_CACHE)
+    if(LORADB_NVCC)
+      set(CMAKE_CUDA_COMPILER ${LORADB_NVCC})
+    endif()
+  endif()
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 flags for nvcc
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(LORADB_HAVE_CUDA ON)
+  elseif(LORADB_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "LORADB_CUDA=ON but nvcc was not found")
+  endif()
+endif()
