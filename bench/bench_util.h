@@ -8,10 +8,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 
@@ -43,8 +42,7 @@ void Progress(const std::string& text);
 
 // Monotonic seconds since an arbitrary origin.
 inline double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // The q-quantile (0..1) of `samples` (copied, then partially sorted). 0 for an empty set.

@@ -47,9 +47,9 @@ inline bool SlowTestsEnabled() {
 }  // namespace loradb::testing
 
 // Skips the current test, visibly, unless slow tests are enabled.
-#define LORADB_SLOW_TEST()                                                      \
-  do {                                                                          \
-    if (!::loradb::testing::SlowTestsEnabled())                                 \
+#define LORADB_SLOW_TEST()                                                              \
+  do {                                                                                  \
+    if (!::loradb::testing::SlowTestsEnabled())                                         \
       GTEST_SKIP() << "slow test: run with LORADB_SLOW_TESTS=1 (tools/dev test --all)"; \
   } while (0)
 

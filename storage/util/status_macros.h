@@ -9,9 +9,9 @@
 #define LORADB_CONCAT_(a, b) LORADB_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define LORADB_RETURN_IF_ERROR(expr)                \
-  do {                                              \
-    ::absl::Status _loradb_status = (expr);         \
+#define LORADB_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status _loradb_status = (expr);          \
     if (!_loradb_status.ok()) return _loradb_status; \
   } while (0)
 

@@ -5,12 +5,11 @@
 #ifndef LORADB_TOOLS_LORADB_COMMAND_H_
 #define LORADB_TOOLS_LORADB_COMMAND_H_
 
+#include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 
@@ -53,7 +52,7 @@ void PrintJson(const nlohmann::json& j);
 
 #define LORADB_CLI_CONCAT_INNER_(a, b) a##b
 #define LORADB_CLI_CONCAT_(a, b) LORADB_CLI_CONCAT_INNER_(a, b)
-#define LORADB_REGISTER_COMMAND(name, help, setup)                                  \
+#define LORADB_REGISTER_COMMAND(name, help, setup)                                          \
   static const bool LORADB_CLI_CONCAT_(loradb_cmd_registered_, __LINE__) [[maybe_unused]] = \
       ::loradb::cli::RegisterCommand({name, help, setup})
 

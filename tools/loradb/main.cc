@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   Invocation inv;
   const char* env_store = std::getenv("LORADB_STORE");
   inv.global.store = env_store != nullptr && *env_store != '\0' ? env_store : "./loradb-store";
-  app.add_option("--store", inv.global.store, "store directory (default $LORADB_STORE, else ./loradb-store)");
+  app.add_option("--store", inv.global.store,
+                 "store directory (default $LORADB_STORE, else ./loradb-store)");
   for (const auto& def : loradb::cli::CommandRegistry()) {
     CLI::App* sub = app.add_subcommand(def.name, def.help);
     def.setup(sub, &inv);
