@@ -1,5 +1,7 @@
 #include "storage/formats/blob.h"
 
+#include <simdjson.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -110,6 +112,9 @@ absl::Status ValidateViews(const std::vector<TensorView>& tensors) {
     if (!names.insert(t.name).second) {
       return Invalid(absl::StrCat("duplicate tensor name \"", t.name, "\""));
     }
+    if (!simdjson::validate_utf8(t.name.data(), t.name.size())) {
+      return Invalid("a tensor name is not valid UTF-8");
+    }
     auto nbytes = CheckedNumBytes(t.shape, t.dtype);
     if (!nbytes.ok()) {
       return Invalid(absl::StrCat("tensor \"", t.name, "\": ", nbytes.status().message()));
@@ -175,6 +180,8 @@ flatbuffers::DetachedBuffer BuildHeader(const std::vector<StoredPlan>& stored,
 }
 
 // The stored tensors of a validated layout as views into `base`.
+bool IsUtf8(const flatbuffers::String* s) { return simdjson::validate_utf8(s->c_str(), s->size()); }
+
 absl::Status VerifyChecksums(const BlobLayout& layout, const std::byte* base) {
   for (const BlobStoredTensor& s : layout.stored) {
     uint64_t got = Xxh3_64(base + s.offset, s.length);
@@ -237,6 +244,12 @@ absl::StatusOr<std::string> SerializeBlob(const std::vector<TensorView>& tensors
                                           const std::map<std::string, std::string>& metadata,
                                           const BlobOptions& options) {
   LORADB_RETURN_IF_ERROR(ValidateViews(tensors));
+  for (const auto& [k, v] : metadata) {
+    if (!simdjson::validate_utf8(k.data(), k.size()) ||
+        !simdjson::validate_utf8(v.data(), v.size())) {
+      return Invalid("a metadata key or value is not valid UTF-8");
+    }
+  }
   std::vector<StoredPlan> stored;
   std::vector<bool> in_group(tensors.size(), false);
   if (options.pack_moe) {
@@ -395,6 +408,7 @@ absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint
     BlobStoredTensor s;
     s.name = t->name()->str();
     if (s.name.empty()) return Invalid("stored tensor with an empty name");
+    if (!IsUtf8(t->name())) return Invalid("a stored tensor name is not valid UTF-8");
     auto dtype_index = static_cast<int>(t->dtype());
     if (dtype_index < 0 || dtype_index >= kNumDTypes) {
       return Invalid(absl::StrCat("tensor \"", s.name, "\": unknown dtype code ", dtype_index));
@@ -460,7 +474,12 @@ absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint
         return Invalid(absl::StrCat("packed group \"", s.name, "\": stacking axis ", group.axis,
                                     " is not supported (only 0)"));
       }
-      for (const flatbuffers::String* m : *g->members()) group.members.push_back(m->str());
+      for (const flatbuffers::String* m : *g->members()) {
+        if (!IsUtf8(m))
+          return Invalid(
+              absl::StrCat("packed group \"", s.name, "\": a member name is not valid UTF-8"));
+        group.members.push_back(m->str());
+      }
       if (s.shape.empty() || group.members.empty() ||
           static_cast<uint64_t>(s.shape[0]) != group.members.size()) {
         return Invalid(absl::StrCat("packed group \"", s.name, "\": ", group.members.size(),
@@ -485,6 +504,9 @@ absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint
   }
   if (h->metadata() != nullptr) {
     for (const blob::fb::KeyValue* kv : *h->metadata()) {
+      if (!IsUtf8(kv->key()) || !IsUtf8(kv->value())) {
+        return Invalid("a metadata key or value is not valid UTF-8");
+      }
       if (!layout.metadata.emplace(kv->key()->str(), kv->value()->str()).second) {
         return Invalid(absl::StrCat("duplicate metadata key \"", kv->key()->str(), "\""));
       }

@@ -279,6 +279,8 @@ TEST(BlobTest, RejectsBadViews) {
   EXPECT_FALSE(SerializeBlob({{"a", DType::kF32, {3}, p, 16}}, {}).ok());
   EXPECT_FALSE(SerializeBlob({{"", DType::kF32, {4}, p, 16}}, {}).ok());
   EXPECT_FALSE(SerializeBlob({{"a", DType::kF32, {4}, nullptr, 16}}, {}).ok());
+  EXPECT_FALSE(SerializeBlob({{"a\xff", DType::kF32, {4}, p, 16}}, {}).ok());
+  EXPECT_FALSE(SerializeBlob({{"a", DType::kF32, {4}, p, 16}}, {{"k", "\xc3"}}).ok());
 }
 
 // ---- Rejection rules, one malformed file each ----
@@ -452,6 +454,11 @@ TEST(BlobRejectTest, BadGroups) {
                  "stacking axis 1 is not supported");
   ExpectRejected(Craft({{"a", {4}, 0, 16}, {"a", {4}, 64, 16}}, {}, 128),
                  "duplicate stored tensor");
+}
+
+TEST(BlobRejectTest, NamesNotUtf8) {
+  ExpectRejected(Craft({{"a\xff", {4}, 0, 16}}, {}, 64), "not valid UTF-8");
+  ExpectRejected(Craft({{"p", {2, 2}, 0, 16}}, {{0, {"m0", "m\xc3"}}}, 64), "not valid UTF-8");
 }
 
 TEST(BlobRejectTest, FileSizeFieldDisagrees) {
