@@ -230,6 +230,7 @@ absl::Status RunCpu(const Options& opt) {
                            {"lora1_ms", *lora1_ms},
                            {"lora64_ms", *lora64_ms},
                            {"reference_ms", *ref_ms},
+                           {"lora_only_64_vs_1_ratio", *lora64_ms / *lora1_ms},
                            {"lora64_gflops", 2 * lora_macs / (*lora64_ms * 1e6)}};
     if (gather_ms >= 0) line["gather_bmm_ms"] = gather_ms;
     Emit(line);

@@ -105,7 +105,7 @@ Plan MakePlan(const AdapterTable& w, const RowMapping& m) {
 // Below this many multiply-adds a call runs on the calling thread (waking workers costs more).
 constexpr int64_t kParallelMacs = 1 << 18;
 constexpr int32_t kShrinkChunkRows = 16;
-constexpr int32_t kExpandChunkRows = 32;
+constexpr int32_t kExpandChunkRows = 256;  // a packed B tile serves this many rows
 constexpr int64_t kExpandChunkOut = 256;
 
 class Runner {
@@ -245,12 +245,14 @@ void RunExpand(Runner& run, const float* t, int64_t t_stride, const AdapterTable
     const int32_t nrows = it.row_end - it.row_begin;
     for (int64_t o0 = it.out_begin; o0 < it.out_end; o0 += ET) {
       const int valid = static_cast<int>(std::min<int64_t>(ET, it.out_end - o0));
-      if (nrows == 1) {  // decode: a dot product per output beats packing a transposed tile
-        int32_t row = plan.rows[static_cast<size_t>(it.row_begin)];
-        k.expand_row_dot(b, w.dtype, rank, o0, valid, t + row * t_stride, acc);
-        char* yrow = static_cast<char*>(y.data) +
-                     (row * y.stride + y.offset + o0) * static_cast<int64_t>(ysize);
-        k.update_y(acc, valid, scale, yrow, y.dtype);
+      if (nrows < ER) {  // decode: dot products per output beat packing a transposed tile
+        for (int32_t r = 0; r < nrows; ++r) {
+          int32_t row = plan.rows[static_cast<size_t>(it.row_begin + r)];
+          k.expand_row_dot(b, w.dtype, rank, o0, valid, t + row * t_stride, acc);
+          char* yrow = static_cast<char*>(y.data) +
+                       (row * y.stride + y.offset + o0) * static_cast<int64_t>(ysize);
+          k.update_y(acc, valid, scale, yrow, y.dtype);
+        }
         continue;
       }
       k.pack_bt(b, w.dtype, rank, o0, valid, bt);
