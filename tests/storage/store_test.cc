@@ -133,11 +133,28 @@ TEST_F(StoreTest, CompatibilityRuleRejectsAndLeavesStoreUnchanged) {
   pack.pack = true;
   EXPECT_FALSE(store_->PublishTensors("acme/support", MakeAdapter(2, 0).views, pack).ok());
 
+  // Creating the policy on the fly happens only with a successful publish.
+  PublishOptions create;
+  create.create_policy_base = "tiny";
+  EXPECT_FALSE(store_->PublishTensors("new/policy", wrong_dim.views, create).ok());
+  EXPECT_TRUE(absl::IsNotFound(store_->GetPolicy("new/policy").status()));
+  create.create_policy_base = "nobase";
+  EXPECT_TRUE(absl::IsNotFound(
+      store_->PublishTensors("new/policy", MakeAdapter(2, 0).views, create).status()));
+  EXPECT_TRUE(absl::IsNotFound(store_->GetPolicy("new/policy").status()));
+
   EXPECT_TRUE(store_->ListAllRevisions(0, 0)->items.empty());
+  create.create_policy_base = "tiny";
+  auto created = store_->PublishTensors("new/policy", MakeAdapter(2, 0).views, create);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->seq, 1u);
+  EXPECT_EQ(store_->GetPolicy("new/policy")->base, "tiny");
+  ASSERT_TRUE(store_->DeleteRevision(created->id).ok());
   auto rep = store_->Verify();
   ASSERT_TRUE(rep.ok());
   EXPECT_TRUE(rep->ok());
-  EXPECT_TRUE(rep->reclaimable.empty());  // nothing was written
+  // Nothing of the failed publishes was written; the deleted revision's blob is reclaimable.
+  EXPECT_EQ(rep->reclaimable.size(), 1u);
 }
 
 TEST_F(StoreTest, VerifyFindsCorruptionMissingBlobsAndReportsOrphans) {
