@@ -1,0 +1,45 @@
+// Micro-kernels of the fast CPU path, compiled once per instruction set (fast_isa_*.cc include
+// fast_isa.inc with different compiler flags) and chosen at run time. Internal to kernels/cpu.
+// Everything here works on fp32 data; conversions happen while packing.
+#ifndef LORADB_KERNELS_CPU_FAST_ISA_H_
+#define LORADB_KERNELS_CPU_FAST_ISA_H_
+
+#include <cstdint>
+
+#include "kernels/lora_kernels.h"
+
+namespace loradb::kernels::cpu_internal {
+
+struct IsaKernels {
+  const char* name;
+  // Shrink block: shrink_k weight rows x shrink_rows activation rows (pointers; pad short blocks
+  // by repeating a pointer). out[r * ldo + k] = dot(a[k][0..n), x[r][0..n)).
+  int shrink_k;
+  int shrink_rows;
+  void (*shrink_block)(const float* const* a, const float* const* x, int64_t n, float* out,
+                       int64_t ldo);
+  // Expand tile: expand_tile output columns at a time, expand_rows rows at a time.
+  // acc[r * expand_tile + l] = sum_{k < rank} t[r][k] * bt[k * expand_tile + l].
+  int expand_tile;
+  int expand_rows;
+  void (*expand_block)(const float* bt, int32_t rank, const float* const* t, float* acc);
+  // bt[k * expand_tile + l] = B[o0 + l, k] as fp32 for l < valid, 0 for valid <= l < tile.
+  void (*pack_bt)(const void* b, DType dtype, int32_t rank, int64_t o0, int valid, float* bt);
+  // dst[0..n) = src[0..n) as fp32.
+  void (*to_f32)(const void* src, DType dtype, int64_t n, float* dst);
+  // y[l] = round(y[l] + scale * acc[l]) for l < n.
+  void (*update_y)(const float* acc, int n, float scale, void* y, DType dtype);
+};
+
+const IsaKernels& PortableKernels();
+#if defined(LORADB_KERNELS_X86)
+const IsaKernels& Avx2Kernels();
+const IsaKernels& Avx512Kernels();
+#endif
+
+// The best set this CPU supports.
+const IsaKernels& BestKernels();
+
+}  // namespace loradb::kernels::cpu_internal
+
+#endif  // LORADB_KERNELS_CPU_FAST_ISA_H_

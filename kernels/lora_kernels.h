@@ -1,0 +1,202 @@
+// Multi-LoRA kernels: the public types and the CPU entry points.
+//
+// Every row i of a batch applies its own low-rank update
+//
+//   y[i, y_offset + o] += scale[a] * sum_k B_a[o, k] * (sum_j A_a[k, j] * x[i, j])
+//
+// where a is the row's adapter (negative = no adapter: the row is left untouched). The work is
+// split like Punica/S-LoRA: Shrink computes the rank intermediate t = x A^T (fp32), Expand adds
+// scale * t B^T into y, and ShrinkExpand does both without a caller-visible intermediate.
+//
+// Layout contracts (PEFT stores lora_A / lora_B weights like this):
+//   A_a is [rank_a, in_features] row-major, B_a is [out_features, rank_a] row-major, both
+//   contiguous. In the MoE form A_a is [num_experts, rank_a, in_features] and B_a is
+//   [num_experts, out_features, rank_a] (the packed 3-D expert tensors of the blob format), and
+//   each row also names an expert.
+//   x is [rows, in_features] with a row stride; y is [rows, >= y_offset + out_features] with a row
+//   stride, and the update goes into the column slice [y_offset, y_offset + out_features) (e.g.
+//   the q, k or v part of a fused qkv output).
+// Numerics: x/y and weights may each be fp32, bf16 or fp16; products are accumulated in fp32, the
+// rank intermediate is fp32, and y is read, updated in fp32 and rounded (nearest-even) once.
+//
+// Row mapping: BGMV gives one adapter per row (decode); SGMV gives segments of consecutive rows
+// sharing one adapter (prefill). Ranks differ per adapter (1..kMaxRank, no padding); adapters are
+// reached through tables of pointers, so weights can live anywhere (an adapter cache, a device
+// arena).
+//
+// The CPU implementations here (reference:: and cpu::) and the CUDA ones (kernels/cuda/
+// lora_cuda.h) take the same arguments; CUDA takes a cudaStream_t where the CPU takes a
+// CpuContext*. This header needs neither Abseil nor LibTorch.
+#ifndef LORADB_KERNELS_LORA_KERNELS_H_
+#define LORADB_KERNELS_LORA_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace loradb::kernels {
+
+// Largest supported LoRA rank.
+inline constexpr int32_t kMaxRank = 256;
+
+// Element types of activations and weights.
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// Bytes per element of `dtype`.
+size_t DTypeSize(DType dtype);
+// "f32", "bf16" or "f16".
+const char* DTypeName(DType dtype);
+
+// Outcome of a kernel call: OK, or an invalid-argument message. On error nothing was written.
+class [[nodiscard]] KernelStatus {
+ public:
+  KernelStatus() = default;
+  static KernelStatus Ok() { return KernelStatus(); }
+  static KernelStatus InvalidArgument(std::string message) {
+    KernelStatus s;
+    s.ok_ = false;
+    s.message_ = std::move(message);
+    return s;
+  }
+  bool ok() const { return ok_; }
+  // Empty when ok().
+  const std::string& message() const { return message_; }
+
+ private:
+  bool ok_ = true;
+  std::string message_;
+};
+
+// Input activations: element (i, j) is at data[i * stride + j] (stride in elements).
+struct ConstRows {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t stride = 0;
+};
+
+// Output activations: the update for (i, o) goes to data[i * stride + offset + o].
+struct OutputRows {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t stride = 0;
+  int64_t offset = 0;  // y_offset: first column of the slice this projection writes
+};
+
+// The fp32 rank intermediate: t[i, k] is at data[i * stride + k]; stride >= the largest rank
+// used. Shrink writes t[i, 0..rank_a) of every row that has an adapter; Expand reads them.
+struct RankBuffer {
+  float* data = nullptr;
+  int64_t stride = 0;
+};
+
+// The adapters of one projection (in_features -> out_features). All tables have num_adapters
+// entries and are not owned. For CUDA calls the tables and what they point to are device memory.
+struct AdapterTable {
+  int32_t num_adapters = 0;
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  DType dtype = DType::kF32;       // dtype of every A and B
+  const void* const* a = nullptr;  // a[j] -> A_j (see the layout contract above)
+  const void* const* b = nullptr;  // b[j] -> B_j
+  const int32_t* ranks = nullptr;  // 0..max_rank; a rank-0 adapter adds nothing
+  const float* scales = nullptr;   // e.g. lora_alpha / r
+  // Host-side upper bound of ranks[] (<= kMaxRank); CUDA sizes its scratch with it.
+  int32_t max_rank = 0;
+  int32_t num_experts = 0;  // 0: dense; > 0: MoE, weights are the packed 3-D expert tensors
+};
+
+// Which adapter (and, for MoE, which expert) each row uses. Build it with Bgmv() or Sgmv().
+// For CUDA calls the index arrays are device memory.
+struct RowMapping {
+  int64_t num_rows = 0;
+  // BGMV form: row_adapter[i] (< 0: no adapter); row_expert[i] for MoE tables.
+  const int32_t* row_adapter = nullptr;
+  const int32_t* row_expert = nullptr;
+  // SGMV form: segment s covers rows [segment_starts[s], segment_starts[s + 1]) and uses
+  // segment_adapter[s] (< 0: none) and, for MoE, segment_expert[s]. Starts are non-decreasing,
+  // within [0, num_rows]; rows outside every segment are left untouched.
+  int64_t num_segments = 0;
+  const int32_t* segment_starts = nullptr;  // num_segments + 1 entries
+  const int32_t* segment_adapter = nullptr;
+  const int32_t* segment_expert = nullptr;
+
+  static RowMapping Bgmv(int64_t num_rows, const int32_t* row_adapter,
+                         const int32_t* row_expert = nullptr) {
+    RowMapping m;
+    m.num_rows = num_rows;
+    m.row_adapter = row_adapter;
+    m.row_expert = row_expert;
+    return m;
+  }
+  static RowMapping Sgmv(int64_t num_rows, int64_t num_segments, const int32_t* segment_starts,
+                         const int32_t* segment_adapter, const int32_t* segment_expert = nullptr) {
+    RowMapping m;
+    m.num_rows = num_rows;
+    m.num_segments = num_segments;
+    m.segment_starts = segment_starts;
+    m.segment_adapter = segment_adapter;
+    m.segment_expert = segment_expert;
+    return m;
+  }
+  bool is_segmented() const { return segment_starts != nullptr; }
+};
+
+// Argument checks shared by every implementation. `host_indices` says whether the table's
+// ranks/scales and the mapping's index arrays may be read here (true for the CPU); when false
+// (CUDA) only the scalars and pointers are checked, and on the device an out-of-range adapter,
+// expert or rank makes the row be skipped.
+KernelStatus ValidateShrink(const ConstRows& x, const AdapterTable& w, const RowMapping& m,
+                            const RankBuffer& t, bool host_indices);
+KernelStatus ValidateExpand(const RankBuffer& t, const AdapterTable& w, const RowMapping& m,
+                            const OutputRows& y, bool host_indices);
+KernelStatus ValidateShrinkExpand(const ConstRows& x, const AdapterTable& w, const RowMapping& m,
+                                  const OutputRows& y, bool host_indices);
+
+// The oracle: plain fp32 loops, one thread. Same contracts as the cpu:: functions.
+namespace reference {
+KernelStatus Shrink(const ConstRows& x, const AdapterTable& w, const RowMapping& m,
+                    const RankBuffer& t);
+KernelStatus Expand(const RankBuffer& t, const AdapterTable& w, const RowMapping& m,
+                    const OutputRows& y);
+KernelStatus ShrinkExpand(const ConstRows& x, const AdapterTable& w, const RowMapping& m,
+                          const OutputRows& y);
+}  // namespace reference
+
+namespace cpu {
+
+// Worker threads for the fast CPU kernels (the CPU's counterpart of a stream). Calls made with
+// one context must not overlap; distinct contexts may be used concurrently.
+class CpuContext {
+ public:
+  // num_threads <= 0: std::thread::hardware_concurrency().
+  explicit CpuContext(int num_threads = 0);
+  ~CpuContext();
+  CpuContext(const CpuContext&) = delete;
+  CpuContext& operator=(const CpuContext&) = delete;
+
+  int num_threads() const;
+  // Instruction set the fast kernels use on this CPU: "avx512", "avx2" or "portable".
+  static const char* Isa();
+
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Fast CPU path: groups rows by (adapter, expert), blocks for cache, uses SIMD (AVX-512 or AVX2
+// chosen at run time) and the context's threads. ctx == nullptr runs on the calling thread.
+// On an invalid argument nothing is written and the message says what is wrong.
+KernelStatus Shrink(const ConstRows& x, const AdapterTable& w, const RowMapping& m,
+                    const RankBuffer& t, CpuContext* ctx);
+KernelStatus Expand(const RankBuffer& t, const AdapterTable& w, const RowMapping& m,
+                    const OutputRows& y, CpuContext* ctx);
+KernelStatus ShrinkExpand(const ConstRows& x, const AdapterTable& w, const RowMapping& m,
+                          const OutputRows& y, CpuContext* ctx);
+
+}  // namespace cpu
+}  // namespace loradb::kernels
+
+#endif  // LORADB_KERNELS_LORA_KERNELS_H_
