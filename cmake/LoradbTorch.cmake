@@ -27,12 +27,14 @@ if(NOT LORADB_TORCH STREQUAL "OFF" AND LORADB_SANITIZE STREQUAL "")
   find_package(Torch QUIET)
   if(Torch_FOUND)
     set(LORADB_HAVE_TORCH ON)
-    # PyPI's CUDA LibTorch needs the NCCL wheel's libnccl (found at run time through its RPATH);
-    # at link time a system libnccl under the CUDA toolkit may shadow it with missing symbols.
-    get_filename_component(_nccl_dir "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/lib" ABSOLUTE)
-    if(EXISTS "${_nccl_dir}")
-      list(APPEND TORCH_LIBRARIES "-Wl,-rpath-link,${_nccl_dir}")
-    endif()
+    # The pip wheel's libtorch_cuda.so needs the NCCL/cuDNN/... of the nvidia-* wheels; at link
+    # time an older system copy (CUDA 13's own libnccl.so.2) would shadow them and leave symbols
+    # undefined, so point the linker at the wheels' directories (run time uses torch's RPATH).
+    get_filename_component(_torch_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
+    file(GLOB _torch_nv_libdirs LIST_DIRECTORIES true "${_torch_site}/nvidia/*/lib")
+    foreach(_d ${_torch_nv_libdirs})
+      list(APPEND TORCH_LIBRARIES "-Wl,-rpath-link,${_d}")
+    endforeach()
     message(STATUS "loradb: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
   elseif(LORADB_TORCH STREQUAL "ON")
     message(FATAL_ERROR "LORADB_TORCH=ON but LibTorch was not found (run tools/dev setup)")

@@ -14,7 +14,7 @@
 
 namespace loradb::kernels::cpu {
 
-using cpu_internal::BestKernels;
+using cpu_internal::ActiveKernels;
 using cpu_internal::ExpertA;
 using cpu_internal::ExpertB;
 using cpu_internal::IsaKernels;
@@ -36,7 +36,7 @@ CpuContext::~CpuContext() = default;
 
 int CpuContext::num_threads() const { return impl_->pool.num_threads(); }
 
-const char* CpuContext::Isa() { return BestKernels().name; }
+const char* CpuContext::Isa() { return ActiveKernels().name; }
 
 namespace {
 
@@ -110,7 +110,7 @@ constexpr int64_t kExpandChunkOut = 256;
 
 class Runner {
  public:
-  explicit Runner(CpuContext* ctx) : ctx_(ctx), k_(BestKernels()) {}
+  explicit Runner(CpuContext* ctx) : ctx_(ctx), k_(ActiveKernels()) {}
 
   const IsaKernels& k() const { return k_; }
 
@@ -203,7 +203,8 @@ void RunShrink(Runner& run, const ConstRows& x, const AdapterTable& w, const Pla
         const int nr = std::min<int32_t>(SR, nrows - r0);
         for (int rr = 0; rr < SR; ++rr)
           xblock[rr] = xrows[static_cast<size_t>(r0 + std::min(rr, nr - 1))];
-        k.shrink_block(arows, xblock, in, block, SK);
+        const int which = nr >= 3 ? 2 : nr - 1;  // 1, 2 or a full block of rows
+        k.shrink_block[which](arows, xblock, in, block, SK);
         for (int rr = 0; rr < nr; ++rr) {
           int32_t row = plan.rows[static_cast<size_t>(it.row_begin + r0 + rr)];
           std::memcpy(t + row * t_stride + k0, block + rr * SK,
@@ -244,6 +245,14 @@ void RunExpand(Runner& run, const float* t, int64_t t_stride, const AdapterTable
     const int32_t nrows = it.row_end - it.row_begin;
     for (int64_t o0 = it.out_begin; o0 < it.out_end; o0 += ET) {
       const int valid = static_cast<int>(std::min<int64_t>(ET, it.out_end - o0));
+      if (nrows == 1) {  // decode: a dot product per output beats packing a transposed tile
+        int32_t row = plan.rows[static_cast<size_t>(it.row_begin)];
+        k.expand_row_dot(b, w.dtype, rank, o0, valid, t + row * t_stride, acc);
+        char* yrow = static_cast<char*>(y.data) +
+                     (row * y.stride + y.offset + o0) * static_cast<int64_t>(ysize);
+        k.update_y(acc, valid, scale, yrow, y.dtype);
+        continue;
+      }
       k.pack_bt(b, w.dtype, rank, o0, valid, bt);
       for (int32_t r0 = 0; r0 < nrows; r0 += ER) {
         const int nr = std::min<int32_t>(ER, nrows - r0);

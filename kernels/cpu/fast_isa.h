@@ -14,15 +14,19 @@ struct IsaKernels {
   const char* name;
   // Shrink block: shrink_k weight rows x shrink_rows activation rows (pointers; pad short blocks
   // by repeating a pointer). out[r * ldo + k] = dot(a[k][0..n), x[r][0..n)).
+  // shrink_block[min(rows, 3) - 1] handles 1, 2 or (up to) shrink_rows rows per call.
   int shrink_k;
   int shrink_rows;
-  void (*shrink_block)(const float* const* a, const float* const* x, int64_t n, float* out,
-                       int64_t ldo);
+  void (*shrink_block[4])(const float* const* a, const float* const* x, int64_t n, float* out,
+                          int64_t ldo);
   // Expand tile: expand_tile output columns at a time, expand_rows rows at a time.
   // acc[r * expand_tile + l] = sum_{k < rank} t[r][k] * bt[k * expand_tile + l].
   int expand_tile;
   int expand_rows;
   void (*expand_block)(const float* bt, int32_t rank, const float* const* t, float* acc);
+  // One row without packing (decode): out[l] = sum_k B[o0 + l, k] * t[k] for l < valid.
+  void (*expand_row_dot)(const void* b, DType dtype, int32_t rank, int64_t o0, int valid,
+                         const float* t, float* out);
   // bt[k * expand_tile + l] = B[o0 + l, k] as fp32 for l < valid, 0 for valid <= l < tile.
   void (*pack_bt)(const void* b, DType dtype, int32_t rank, int64_t o0, int valid, float* bt);
   // dst[0..n) = src[0..n) as fp32.
@@ -39,6 +43,11 @@ const IsaKernels& Avx512Kernels();
 
 // The best set this CPU supports.
 const IsaKernels& BestKernels();
+
+// The set the fast path uses: BestKernels() unless a test forced another (nullptr restores the
+// default). Not thread-safe against concurrent kernel calls; for tests only.
+const IsaKernels& ActiveKernels();
+void ForceKernelsForTesting(const IsaKernels* kernels);
 
 }  // namespace loradb::kernels::cpu_internal
 

@@ -23,4 +23,14 @@ const IsaKernels& BestKernels() {
   return PortableKernels();
 }
 
+namespace {
+const IsaKernels* forced_kernels = nullptr;
+}  // namespace
+
+const IsaKernels& ActiveKernels() {
+  return forced_kernels != nullptr ? *forced_kernels : BestKernels();
+}
+
+void ForceKernelsForTesting(const IsaKernels* kernels) { forced_kernels = kernels; }
+
 }  // namespace loradb::kernels::cpu_internal

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "kernels/cpu/fast_isa.h"
 #include "kernels/lora_kernels.h"
 #include "tests/kernels/lora_problem.h"
 #include "tests/test_util.h"
@@ -91,25 +92,46 @@ TEST(CpuFastKernels, MatchesReferenceOverTheSweep) {
   }
 }
 
-// Every (x/y, weight) dtype pair, mixed ranks, odd hidden size.
-TEST(CpuFastKernels, MatchesReferenceForEveryDtypePair) {
+// The instruction sets this CPU can run (the fast path picks the best; the others are tested
+// here so a machine without AVX-512 still runs checked code).
+std::vector<const cpu_internal::IsaKernels*> RunnableIsas() {
+  std::vector<const cpu_internal::IsaKernels*> v = {&cpu_internal::PortableKernels()};
+#if defined(LORADB_KERNELS_X86)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    v.push_back(&cpu_internal::Avx2Kernels());
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    v.push_back(&cpu_internal::Avx512Kernels());
+  }
+#endif
+  return v;
+}
+
+// Every (x/y, weight) dtype pair, mixed ranks, odd hidden size, on every runnable ISA.
+TEST(CpuFastKernels, MatchesReferenceForEveryDtypePairAndIsa) {
   cpu::CpuContext ctx(2);
-  for (DType xd : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (DType wd : {DType::kF32, DType::kBF16, DType::kF16}) {
-      ProblemSpec spec;
-      spec.in = 2049;
-      spec.out = 129;
-      spec.rows = 37;
-      spec.x_dtype = xd;
-      spec.w_dtype = wd;
-      spec.popularity = Popularity::kSomeNone;
-      spec.y_offset = 64;
-      spec.y_extra = 7;
-      spec.seed = 100 + static_cast<uint32_t>(xd) * 3 + static_cast<uint32_t>(wd);
-      SCOPED_TRACE(spec.Name());
-      CheckFastMatchesReference(spec, &ctx);
+  for (const cpu_internal::IsaKernels* isa : RunnableIsas()) {
+    cpu_internal::ForceKernelsForTesting(isa);
+    SCOPED_TRACE(isa->name);
+    for (DType xd : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (DType wd : {DType::kF32, DType::kBF16, DType::kF16}) {
+        ProblemSpec spec;
+        spec.in = 2049;
+        spec.out = 129;
+        spec.rows = 37;
+        spec.x_dtype = xd;
+        spec.w_dtype = wd;
+        spec.popularity = Popularity::kSomeNone;
+        spec.y_offset = 64;
+        spec.y_extra = 7;
+        spec.seed = 100 + static_cast<uint32_t>(xd) * 3 + static_cast<uint32_t>(wd);
+        SCOPED_TRACE(spec.Name());
+        CheckFastMatchesReference(spec, &ctx);
+      }
     }
   }
+  cpu_internal::ForceKernelsForTesting(nullptr);
 }
 
 TEST(CpuFastKernels, MoeMatchesReference) {
