@@ -372,6 +372,10 @@ absl::StatusOr<uint64_t> ParseUint(absl::string_view text, absl::string_view wha
   return v;
 }
 
+void Router::AddSchemas(const nlohmann::json& schemas) {
+  for (const auto& [name, schema] : schemas.items()) schemas_[name] = schema;
+}
+
 nlohmann::json Router::OpenApi(const std::string& title, const std::string& version) const {
   using nlohmann::json;
   json paths = json::object();
@@ -410,11 +414,13 @@ nlohmann::json Router::OpenApi(const std::string& title, const std::string& vers
          {{"type", "object"},
           {"required", {"code", "message"}},
           {"properties", {{"code", {{"type", "string"}}}, {"message", {{"type", "string"}}}}}}}}}};
+  json schemas = schemas_;
+  schemas["Error"] = error_schema;
   return {{"openapi", "3.1.0"},
           {"info", {{"title", title}, {"version", version}}},
           {"paths", paths},
           {"components",
-           {{"schemas", {{"Error", error_schema}}},
+           {{"schemas", schemas},
             {"securitySchemes", {{"bearer", {{"type", "http"}, {"scheme", "bearer"}}}}}}}};
 }
 

@@ -92,11 +92,15 @@ class Router {
 
   const std::vector<Route>& routes() const { return routes_; }
 
+  // Adds component schemas (name -> JSON Schema) to the OpenAPI document.
+  void AddSchemas(const nlohmann::json& schemas);
+
   // The OpenAPI 3.1 document describing every route in the table.
   nlohmann::json OpenApi(const std::string& title, const std::string& version) const;
 
  private:
   std::vector<Route> routes_;
+  nlohmann::json schemas_ = nlohmann::json::object();
 };
 
 // True when `status` is the Resolve error meaning "known path, other method".

@@ -9,7 +9,10 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "api/http/catalog_routes.h"
 #include "api/http/server.h"
+#include "storage/catalog/catalog.h"
 #include "tools/loradb/command.h"
 
 namespace loradb::cli {
@@ -26,7 +29,6 @@ struct ServeArgs {
 };
 
 absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
-  (void)global;
   http::ServerOptions options;
   absl::Status st = http::ParseListenAddress(args.listen, &options.host, &options.port);
   if (!st.ok()) return st;
@@ -43,6 +45,16 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   options.write_timeout_ms = args.read_timeout_ms;
   absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(options);
   if (!server.ok()) return server.status();
+  CatalogOptions catalog_options;
+  catalog_options.create_if_missing = false;
+  absl::StatusOr<std::shared_ptr<Catalog>> catalog = Catalog::Open(global.store, catalog_options);
+  if (!catalog.ok()) {
+    return absl::Status(catalog.status().code(),
+                        absl::StrCat("cannot open store ", global.store, ": ",
+                                     catalog.status().message(), " (run `loradb init` first)"));
+  }
+  st = http::AddCatalogRoutes(*catalog, server->get());
+  if (!st.ok()) return st;
 
   // SIGTERM/SIGINT are handled by one thread with sigwait; block them before any other thread
   // starts so they are never delivered elsewhere.
