@@ -1,0 +1,447 @@
+"""Integration tests of `loradb serve`: a real server process on an ephemeral loopback port,
+driven with a real HTTP client (requests) and raw sockets for hostile input."""
+import concurrent.futures
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import http_harness  # noqa: E402
+
+try:
+    import requests
+except ImportError:  # pragma: no cover
+    print("SKIP: Python 'requests' is not installed")
+    sys.exit(77)
+
+ARGS = None
+AUTH = {"Authorization": "Bearer " + http_harness.TOKEN}
+
+
+def pol(name):
+    return urllib.parse.quote(name, safe="")
+
+
+def assert_error(tc, resp, status, code=None):
+    tc.assertEqual(resp.status_code, status, resp.text)
+    body = resp.json()
+    tc.assertIn("error", body)
+    tc.assertIsInstance(body["error"]["message"], str)
+    if code is not None:
+        tc.assertEqual(body["error"]["code"], code)
+    return body["error"]
+
+
+def raw_request(port, data, timeout=10):
+    """Sends raw bytes on a fresh connection and returns everything read until close/timeout."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                chunks.append(b)
+                if b"\r\n\r\n" in b"".join(chunks):
+                    head, _, rest = b"".join(chunks).partition(b"\r\n\r\n")
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            if len(rest) >= int(line.split(b":")[1]):
+                                return b"".join(chunks)
+        except socket.timeout:
+            pass
+        return b"".join(chunks)
+
+
+class ServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.store = http_harness.Store(ARGS.seed, policies=3, revisions=4)
+        cls.server = http_harness.Server(ARGS.cli, cls.store.dir, "--token-file",
+                                         cls.store.token_file, "--max-body-bytes", "65536")
+        cls.s = requests.Session()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.s.close()
+        rc = cls.server.stop()
+        cls.store.close()
+        assert rc == 0, f"server exited with {rc}"
+
+    def get(self, path, **kw):
+        return self.s.get(self.server.url(path), timeout=30, **kw)
+
+    def call(self, method, path, auth=True, **kw):
+        headers = dict(kw.pop("headers", {}))
+        if auth:
+            headers.update(AUTH)
+        return self.s.request(method, self.server.url(path), headers=headers, timeout=30, **kw)
+
+    # ---- system routes
+    def test_healthz_metrics_openapi(self):
+        r = self.get("/healthz")
+        self.assertEqual(r.status_code, 200)
+        self.assertEqual(r.json(), {"status": "ok"})
+        r = self.get("/metrics")
+        self.assertEqual(r.status_code, 200)
+        self.assertTrue(r.headers["Content-Type"].startswith("text/plain"))
+        self.assertIn('loradb_http_requests_total{route="/healthz",method="GET",code="200"}', r.text)
+        self.assertIn("# TYPE loradb_http_request_duration_seconds histogram", r.text)
+        doc = self.get("/openapi.json").json()
+        self.assertEqual(doc["openapi"], "3.1.0")
+        for path, method in [("/healthz", "get"), ("/metrics", "get"), ("/openapi.json", "get"),
+                             ("/", "get"), ("/v1/bases", "post"), ("/v1/policies", "get"),
+                             ("/v1/policies", "post"), ("/v1/policies/{policy}/archive", "post"),
+                             ("/v1/policies/{policy}/revisions", "get"),
+                             ("/v1/revisions/{id}", "get"), ("/v1/revisions/{id}", "delete"),
+                             ("/v1/policies/{policy}/aliases/{alias}", "put"),
+                             ("/v1/policies/{policy}/aliases/{alias}/rollback", "post"),
+                             ("/v1/policies/{policy}/aliases/{alias}/history", "get"),
+                             ("/v1/policies/{policy}/checkpoints", "get"),
+                             ("/v1/checkpoints/{id}", "get")]:
+            self.assertIn(method, doc["paths"].get(path, {}), f"{method} {path} not documented")
+        r = self.get("/")
+        self.assertEqual(r.status_code, 200)
+        self.assertIn("<title>loradb status</title>", r.text)
+
+    # ---- reads
+    def test_bases_and_policies(self):
+        bases = self.get("/v1/bases").json()["bases"]
+        self.assertEqual([b["name"] for b in bases], ["qwen3-tiny"])
+        base = self.get("/v1/bases/qwen3-tiny").json()
+        self.assertEqual(len(base["modules"]), 8)
+        assert_error(self, self.get("/v1/bases/nope"), 404, "not_found")
+        page1 = self.get("/v1/policies?limit=2").json()
+        self.assertEqual(len(page1["policies"]), 2)
+        self.assertIsNotNone(page1["next_cursor"])
+        page2 = self.get("/v1/policies", params={"limit": 2, "cursor": page1["next_cursor"]}).json()
+        names = [p["name"] for p in page1["policies"] + page2["policies"]]
+        self.assertEqual(len(set(names)), len(names))
+        self.assertTrue({"team/p0", "team/p1", "team/p2"} <= set(names))
+        p = self.get("/v1/policies/" + pol("team/p0")).json()
+        self.assertEqual(p["base"], "qwen3-tiny")
+        self.assertEqual(p["labels"], {"owner": "tests"})
+        self.assertIn("serving", p["aliases"])
+        self.assertEqual(p["revision_count"], 4)
+        for bad in ["?limit=0", "?limit=1001", "?limit=x", "?cursor=-1", "?limit=%ff"]:
+            assert_error(self, self.get("/v1/policies" + bad), 400)
+
+    def test_revisions_pagination_and_metadata(self):
+        path = "/v1/policies/" + pol("team/p0") + "/revisions"
+        seen, cursor = [], None
+        while True:
+            params = {"limit": 3}
+            if cursor is not None:
+                params["cursor"] = cursor
+            page = self.get(path, params=params).json()
+            seen += page["revisions"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        self.assertEqual([r["seq"] for r in seen], [1, 2, 3, 4])
+        rev = self.get(f"/v1/revisions/{seen[0]['id']}").json()
+        self.assertEqual(rev["policy"], "team/p0")
+        self.assertEqual(rev["lora"]["r"], 8)
+        self.assertEqual(rev["state"], "live")
+        assert_error(self, self.get("/v1/revisions/999999"), 404, "not_found")
+        assert_error(self, self.get("/v1/revisions/abc"), 400, "invalid_argument")
+        assert_error(self, self.get("/v1/revisions/99999999999999999999999"), 400)
+        ckpts = self.get("/v1/policies/" + pol("team/p2") + "/checkpoints").json()["checkpoints"]
+        self.assertEqual(len(ckpts), 1)
+        c = self.get(f"/v1/checkpoints/{ckpts[0]['id']}").json()
+        self.assertEqual(c["step"], 100)
+        self.assertEqual(c["scheduler"], {"name": "cosine", "position": 100})
+
+    # ---- auth
+    def test_mutations_need_the_token(self):
+        path = "/v1/policies/" + pol("team/p0") + "/aliases/canary"
+        rev = self.store.seeded["revisions"][1]
+        r = self.call("PUT", path, auth=False, json={"revision": rev})
+        assert_error(self, r, 401, "unauthenticated")
+        self.assertEqual(r.headers.get("WWW-Authenticate"), "Bearer")
+        r = self.call("PUT", path, auth=False, json={"revision": rev},
+                      headers={"Authorization": "Bearer wrong-token-000000000"})
+        assert_error(self, r, 403, "permission_denied")
+        r = self.call("PUT", path, auth=False, json={"revision": rev},
+                      headers={"Authorization": "Basic " + http_harness.TOKEN})
+        assert_error(self, r, 401)
+        # Nothing changed.
+        assert_error(self, self.get(path), 404)
+        r = self.call("PUT", path, json={"revision": rev, "reason": "test"})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(self.get(path).json()["revision"]["id"], rev)
+
+    def test_host_header_must_be_loopback(self):
+        assert_error(self, self.get("/healthz", headers={"Host": "evil.example:80"}), 403)
+        self.assertEqual(self.get("/healthz", headers={"Host": "localhost"}).status_code, 200)
+
+    # ---- aliases, rollback, delete
+    def test_alias_promote_rollback_history_and_delete_conflict(self):
+        pname = pol("team/p1")
+        revs = self.get(f"/v1/policies/{pname}/revisions").json()["revisions"]
+        ids = [r["id"] for r in revs]
+        alias = f"/v1/policies/{pname}/aliases/serving"
+        self.assertEqual(self.get(alias).json()["revision"]["id"], ids[0])
+        r = self.call("PUT", alias, json={"revision": ids[2], "reason": "promote"})
+        self.assertEqual(r.json(), {"policy": "team/p1", "alias": "serving", "revision": ids[2]})
+        hist = self.get(alias + "/history").json()["entries"]
+        self.assertEqual(hist[-1]["from_revision"], ids[0])
+        self.assertEqual(hist[-1]["to_revision"], ids[2])
+        self.assertEqual(hist[-1]["reason"], "promote")
+        err = assert_error(self, self.call("DELETE", f"/v1/revisions/{ids[2]}"), 409)
+        self.assertEqual(err["code"], "failed_precondition")
+        r = self.call("POST", alias + "/rollback")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json()["revision"], ids[0])
+        r = self.call("DELETE", f"/v1/revisions/{ids[2]}")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json()["state"], "deleted")
+        assert_error(self, self.call("DELETE", f"/v1/revisions/{ids[2]}"), 409)
+        # Promoting to a deleted revision or another policy's revision is refused.
+        self.assertIn(self.call("PUT", alias, json={"revision": ids[2]}).status_code, (404, 409))
+        other = self.store.seeded["revisions"][0]
+        self.assertIn(self.call("PUT", alias, json={"revision": other}).status_code,
+                      (400, 404, 409))
+        self.assertEqual(self.get(alias).json()["revision"]["id"], ids[0])
+        assert_error(self, self.call("PUT", f"/v1/policies/{pname}/aliases/latest",
+                                     json={"revision": ids[0]}), 400)
+        listed = self.get(f"/v1/policies/{pname}/revisions?include_deleted=true").json()
+        self.assertEqual(len(listed["revisions"]), 4)
+        self.assertEqual(len(self.get(f"/v1/policies/{pname}/revisions").json()["revisions"]), 3)
+
+    def test_create_and_archive_policy(self):
+        r = self.call("POST", "/v1/policies", json={"name": "acme/new", "base": "qwen3-tiny",
+                                                    "labels": {"tier": "gold"}})
+        self.assertEqual(r.status_code, 201, r.text)
+        self.assertEqual(r.json()["name"], "acme/new")
+        assert_error(self, self.call("POST", "/v1/policies",
+                                     json={"name": "acme/new", "base": "qwen3-tiny"}), 409)
+        assert_error(self, self.call("POST", "/v1/policies",
+                                     json={"name": "acme/x", "base": "missing"}), 404)
+        r = self.call("POST", "/v1/policies/" + pol("acme/new") + "/archive")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertTrue(r.json()["archived"])
+        r = self.call("POST", "/v1/policies/" + pol("acme/new") + "/archive",
+                      json={"archived": False})
+        self.assertFalse(r.json()["archived"])
+
+    def test_create_base(self):
+        r = self.call("POST", "/v1/bases", json={
+            "name": "custom-1", "modules": [{"name": "layers.0.q_proj", "in": 8, "out": 8}]})
+        self.assertEqual(r.status_code, 201, r.text)
+        self.assertEqual(r.json()["module_count"], 1)
+        for body in [{"name": "b2"}, {"name": "b2", "modules": []},
+                     {"name": "b2", "modules": [{"name": "x", "in": 0, "out": 1}]},
+                     {"name": "b2", "modules": [{"name": "x", "in": 1, "out": 1, "z": 1}]},
+                     {"name": "b2", "config": {"model_type": "llama"}},
+                     {"name": "b2", "config": "x"},
+                     {"name": "../b2", "modules": [{"name": "x", "in": 1, "out": 1}]}]:
+            assert_error(self, self.call("POST", "/v1/bases", json=body), 400)
+        assert_error(self, self.get("/v1/bases/b2"), 404)
+
+    # ---- hostile input
+    def test_malformed_unknown_and_wrongly_typed_bodies(self):
+        path = "/v1/policies"
+        for body in [b"{", b"[]", b"\"x\"", b"{\"name\": \"a\", \"base\": 3}",
+                     b"{\"name\": \"a\", \"base\": \"qwen3-tiny\", \"extra\": 1}",
+                     b"{\"name\": \"\xff\xfe\", \"base\": \"qwen3-tiny\"}",
+                     b"{\"name\": \"a\x00b\", \"base\": \"qwen3-tiny\"}",
+                     b"{\"name\": \"a\", \"base\": \"qwen3-tiny\", \"labels\": [1]}"]:
+            r = self.call("POST", path, data=body, headers={"Content-Type": "application/json"})
+            err = assert_error(self, r, 400)
+            if b"extra" in body:
+                self.assertIn("unknown field 'extra'", err["message"])
+        alias = "/v1/policies/" + pol("team/p0") + "/aliases/serving"
+        for body in [{"revision": -1}, {"revision": "1"}, {"revision": 1.5}, {},
+                     {"revision": 1, "reason": "x" * 300}, {"revision": 1, "force": True}]:
+            assert_error(self, self.call("PUT", alias, json=body), 400)
+
+    def test_huge_body_is_413(self):
+        r = self.call("POST", "/v1/policies", data=b"{" + b" " * (1 << 20) + b"}",
+                      headers={"Content-Type": "application/json"})
+        assert_error(self, r, 413, "payload_too_large")
+
+    def test_path_traversal_and_invalid_utf8_in_names(self):
+        for name in [b"..", b".", b"%2e%2e", b"..%2F..%2Fetc%2Fpasswd", b"%ff", b"a%00b",
+                     b"%c0%ae", b"-bad", b"a%20b", b"%zz"]:
+            # Raw bytes: HTTP clients would normalise the dot segments away.
+            resp = raw_request(self.server.port, b"GET /v1/policies/" + name +
+                               b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            self.assertTrue(resp.startswith(b"HTTP/1.1 400"), (name, resp[:200]))
+            self.assertIn(b'"error"', resp)
+        r = self.get("/v1/policies/" + pol("team/p0") + "/aliases/..%2Fx")
+        assert_error(self, r, 400)
+        # A traversal attempt through the raw path never escapes the route table.
+        resp = raw_request(self.server.port, b"GET /v1/../../etc/passwd HTTP/1.1\r\n"
+                                             b"Host: 127.0.0.1\r\n\r\n")
+        self.assertTrue(resp.startswith(b"HTTP/1.1 4"), resp[:80])
+        self.assertIn(b'"error"', resp)
+
+    def test_unknown_route_and_method(self):
+        assert_error(self, self.get("/v2/anything"), 404, "not_found")
+        assert_error(self, self.call("PATCH", "/v1/policies"), 405, "method_not_allowed")
+
+    def test_oversized_headers_rejected(self):
+        resp = raw_request(self.server.port,
+                           b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " +
+                           b"a" * 20000 + b"\r\n\r\n")
+        self.assertTrue(resp == b"" or resp.startswith(b"HTTP/1.1 4"), resp[:80])
+
+    def test_concurrent_conflicting_mutations(self):
+        pname = pol("team/p2")
+        ids = [r["id"] for r in self.get(f"/v1/policies/{pname}/revisions").json()["revisions"]]
+        alias = f"/v1/policies/{pname}/aliases/race"
+        rng = random.Random(7)
+        ops = []
+        for _ in range(200):
+            k = rng.random()
+            if k < 0.6:
+                ops.append(("PUT", alias, {"revision": rng.choice(ids)}))
+            elif k < 0.8:
+                ops.append(("POST", alias + "/rollback", None))
+            else:
+                ops.append(("DELETE", f"/v1/revisions/{rng.choice(ids[1:])}", None))
+
+        def run(op):
+            method, path, body = op
+            with requests.Session() as s:
+                r = s.request(method, self.server.url(path), headers=AUTH, json=body, timeout=30)
+                return method, path, r.status_code, r.json()
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(run, ops))
+        for method, path, status, body in results:
+            self.assertIn(status, (200, 404, 409), f"{method} {path}: {status} {body}")
+            if status != 200:
+                self.assertIn("error", body)
+        deleted = {int(p.rsplit("/", 1)[1]) for m, p, st, _ in results if m == "DELETE" and st == 200}
+        current = self.get(alias)
+        if current.status_code == 200:
+            cur = current.json()["revision"]
+            self.assertEqual(cur["state"], "live")
+            self.assertNotIn(cur["id"], deleted)
+            hist = self.get(alias + "/history").json()["entries"]
+            self.assertEqual(hist[-1]["to_revision"], cur["id"])
+            for a, b in zip(hist, hist[1:]):
+                self.assertEqual(a["to_revision"], b["from_revision"])
+        for rid in deleted:
+            self.assertEqual(self.get(f"/v1/revisions/{rid}").json()["state"], "deleted")
+
+
+class LifecycleTest(unittest.TestCase):
+    def setUp(self):
+        self.store = http_harness.Store(ARGS.seed, policies=1, revisions=2)
+
+    def tearDown(self):
+        self.store.close()
+
+    def test_refuses_non_loopback_without_token_and_bad_token_files(self):
+        for extra in (["--listen", "0.0.0.0:0"], ["--auth-reads"]):
+            r = subprocess.run([ARGS.cli, "--store", self.store.dir, "serve", *extra],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("error:", r.stderr)
+        short = os.path.join(self.store.tmp.name, "short")
+        with open(short, "w") as f:
+            f.write("abc\n")
+        r = subprocess.run([ARGS.cli, "--store", self.store.dir, "serve", "--listen",
+                            "127.0.0.1:0", "--token-file", short], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("shorter than 16", r.stderr)
+        r = subprocess.run([ARGS.cli, "--store", os.path.join(self.store.tmp.name, "none"),
+                            "serve", "--listen", "127.0.0.1:0"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("cannot open store", r.stderr)
+
+    def test_without_token_mutations_are_refused_and_auth_reads(self):
+        srv = http_harness.Server(ARGS.cli, self.store.dir)
+        try:
+            r = requests.post(srv.url("/v1/policies"), json={"name": "x", "base": "qwen3-tiny"},
+                              timeout=30)
+            assert_error(self, r, 401)
+            self.assertEqual(requests.get(srv.url("/v1/policies"), timeout=30).status_code, 200)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+        srv = http_harness.Server(ARGS.cli, self.store.dir, "--token-file", self.store.token_file,
+                                  "--auth-reads")
+        try:
+            assert_error(self, requests.get(srv.url("/v1/policies"), timeout=30), 401)
+            r = requests.get(srv.url("/v1/policies"), headers=AUTH, timeout=30)
+            self.assertEqual(r.status_code, 200)
+            self.assertEqual(requests.get(srv.url("/healthz"), timeout=30).status_code, 200)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_graceful_shutdown_answers_a_request_in_progress(self):
+        srv = http_harness.Server(ARGS.cli, self.store.dir, "--token-file", self.store.token_file)
+        body = json.dumps({"name": "late/policy", "base": "qwen3-tiny"}).encode()
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        try:
+            s.sendall(b"POST /v1/policies HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      b"Authorization: Bearer " + http_harness.TOKEN.encode() + b"\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: " +
+                      str(len(body)).encode() + b"\r\n\r\n" + body[:5])
+            time.sleep(0.3)  # ordering only: the server has accepted and is reading the body
+            srv.proc.send_signal(15)
+            time.sleep(0.3)
+            s.sendall(body[5:])
+            resp = b""
+            while b"\r\n\r\n" not in resp or not resp.rstrip().endswith(b"}"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                resp += chunk
+        finally:
+            s.close()
+        self.assertEqual(srv.stop(), 0)
+        status = resp.split(b" ", 2)[1]
+        self.assertIn(status, (b"201", b"503"), resp[:200])
+        if status == b"503":
+            self.assertIn(b"shutting down", resp)
+            self.assertIn(b"Retry-After: 1", resp)
+
+    def test_slow_clients_are_cut_off_and_excess_connections_get_503(self):
+        srv = http_harness.Server(ARGS.cli, self.store.dir, "--threads", "2",
+                                  "--max-queued-connections", "1", "--read-timeout-ms", "1500")
+        idle = []
+        try:
+            # Two connections occupy both threads, one waits in the queue; none sends anything.
+            for _ in range(3):
+                idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=30))
+                time.sleep(0.1)
+            resp = raw_request(srv.port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            self.assertTrue(resp.startswith(b"HTTP/1.1 503"), resp[:100])
+            self.assertIn(b"too many connections", resp)
+            self.assertIn(b"Retry-After", resp)
+            # The silent clients are disconnected by the read timeout (recv sees EOF).
+            for c in idle:
+                c.settimeout(30)
+                try:
+                    self.assertEqual(c.recv(100), b"")
+                except ConnectionResetError:
+                    pass
+            ok = requests.get(srv.url("/healthz"), timeout=30)
+            self.assertEqual(ok.status_code, 200)
+            metrics = requests.get(srv.url("/metrics"), timeout=30).text
+            line = [x for x in metrics.splitlines()
+                    if x.startswith("loradb_http_connections_rejected_total ")][0]
+            self.assertGreaterEqual(int(line.split()[1]), 1)
+        finally:
+            for c in idle:
+                c.close()
+            self.assertEqual(srv.stop(), 0)
+
+
+if __name__ == "__main__":
+    ARGS = http_harness.parse_args()
+    unittest.main(verbosity=2)

@@ -1,0 +1,114 @@
+// `loradb serve`: the HTTP admin endpoint (api/http) over the store.
+#ifdef LORADB_HTTP_AVAILABLE
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "api/http/catalog_routes.h"
+#include "api/http/server.h"
+#include "storage/catalog/catalog.h"
+#include "tools/loradb/command.h"
+
+namespace loradb::cli {
+namespace {
+
+struct ServeArgs {
+  std::string listen = "127.0.0.1:8080";
+  std::string token_file;
+  bool auth_reads = false;
+  size_t max_body_bytes = 1 << 20;
+  int threads = 64;
+  int max_queued = 64;
+  int read_timeout_ms = 5000;
+};
+
+absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
+  http::ServerOptions options;
+  absl::Status st = http::ParseListenAddress(args.listen, &options.host, &options.port);
+  if (!st.ok()) return st;
+  if (!args.token_file.empty()) {
+    absl::StatusOr<std::string> token = http::ReadTokenFile(args.token_file);
+    if (!token.ok()) return token.status();
+    options.token = *token;
+  }
+  options.auth_reads = args.auth_reads;
+  options.max_body_bytes = args.max_body_bytes;
+  options.worker_threads = args.threads;
+  options.max_queued_connections = args.max_queued;
+  options.read_timeout_ms = args.read_timeout_ms;
+  options.write_timeout_ms = args.read_timeout_ms;
+  absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(options);
+  if (!server.ok()) return server.status();
+  CatalogOptions catalog_options;
+  catalog_options.create_if_missing = false;
+  absl::StatusOr<std::shared_ptr<Catalog>> catalog = Catalog::Open(global.store, catalog_options);
+  if (!catalog.ok()) {
+    return absl::Status(catalog.status().code(),
+                        absl::StrCat("cannot open store ", global.store, ": ",
+                                     catalog.status().message(), " (run `loradb init` first)"));
+  }
+  st = http::AddCatalogRoutes(*catalog, server->get());
+  if (!st.ok()) return st;
+
+  // SIGTERM/SIGINT are handled by one thread with sigwait; block them before any other thread
+  // starts so they are never delivered elsewhere.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  st = (*server)->Bind();
+  if (!st.ok()) return st;
+  std::printf("listening on http://%s:%d\n",
+              options.host.find(':') != std::string::npos ? ("[" + options.host + "]").c_str()
+                                                          : options.host.c_str(),
+              (*server)->port());
+  std::fflush(stdout);
+
+  http::Server* srv = server->get();
+  std::atomic<bool> stopping{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (stopping.exchange(true)) return;
+    std::fprintf(stderr, "loradb serve: signal %d, draining\n", sig);
+    srv->Shutdown();
+  });
+  absl::Status serve_status = srv->Serve();
+  if (!stopping.exchange(true)) pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  std::fprintf(stderr, "loradb serve: stopped\n");
+  return serve_status;
+}
+
+void SetupServe(CLI::App* sub, Invocation* inv) {
+  auto args = std::make_shared<ServeArgs>();
+  sub->add_option("--listen", args->listen, "HOST:PORT to listen on (port 0: ephemeral)")
+      ->capture_default_str();
+  sub->add_option("--token-file", args->token_file,
+                  "file holding the bearer token for mutating calls (required off loopback)");
+  sub->add_flag("--auth-reads", args->auth_reads, "require the token for read calls as well");
+  sub->add_option("--max-body-bytes", args->max_body_bytes, "largest accepted request body")
+      ->capture_default_str();
+  sub->add_option("--threads", args->threads, "connections served at once")->capture_default_str();
+  sub->add_option("--max-queued-connections", args->max_queued,
+                  "accepted connections that may wait for a thread")
+      ->capture_default_str();
+  sub->add_option("--read-timeout-ms", args->read_timeout_ms,
+                  "per-read and per-write socket timeout")
+      ->capture_default_str();
+  sub->callback([inv, args] { inv->run = [inv, args] { return RunServe(inv->global, *args); }; });
+}
+
+LORADB_REGISTER_COMMAND("serve", "run the HTTP admin endpoint", SetupServe);
+
+}  // namespace
+}  // namespace loradb::cli
+#endif  // LORADB_HTTP_AVAILABLE
