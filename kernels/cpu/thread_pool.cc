@@ -16,14 +16,14 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::RunItems(uint32_t gen, int64_t num_items,
-                          const std::function<void(int64_t, int)>& fn, int thread) {
+                          const std::function<void(int64_t, int)>* fn, int thread) {
   for (;;) {
     uint64_t v = claim_.load(std::memory_order_acquire);
     for (;;) {
       if ((v >> 32) != gen || static_cast<int64_t>(v & 0xffffffffu) >= num_items) return;
       if (claim_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) break;
     }
-    fn(static_cast<int64_t>(v & 0xffffffffu), thread);
+    (*fn)(static_cast<int64_t>(v & 0xffffffffu), thread);
     if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == num_items) {
       std::lock_guard<std::mutex> lock(mu_);
       done_cv_.notify_all();
@@ -44,7 +44,7 @@ void ThreadPool::WorkerLoop(int thread) {
       fn = fn_;
       num_items = num_items_;
     }
-    RunItems(seen, num_items, *fn, thread);
+    RunItems(seen, num_items, fn, thread);
   }
 }
 
@@ -63,7 +63,7 @@ void ThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t
     claim_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
   }
   work_cv_.notify_all();
-  RunItems(gen, num_items, fn, 0);
+  RunItems(gen, num_items, &fn, 0);
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == num_items; });
 }

@@ -32,7 +32,8 @@ class ThreadPool {
  private:
   void WorkerLoop(int thread);
   // Claims and runs items of generation `gen` until none are left (or a newer call started).
-  void RunItems(uint32_t gen, int64_t num_items, const std::function<void(int64_t, int)>& fn,
+  // `fn` is only dereferenced after an item was claimed (a late worker's call may be over).
+  void RunItems(uint32_t gen, int64_t num_items, const std::function<void(int64_t, int)>* fn,
                 int thread);
 
   std::vector<std::thread> workers_;
