@@ -420,7 +420,9 @@ absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint
       // through a misaligned pointer (found by fuzz_blob_header under UBSan).
       static_assert(FLATBUFFERS_LITTLEENDIAN, "blob headers are little-endian");
       s.shape.resize(t->shape()->size());
-      std::memcpy(s.shape.data(), t->shape()->Data(), s.shape.size() * sizeof(int64_t));
+      if (!s.shape.empty()) {
+        std::memcpy(s.shape.data(), t->shape()->Data(), s.shape.size() * sizeof(int64_t));
+      }
     }
     s.offset = t->offset();
     s.length = t->length();
