@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# loradb-test: args=loradb_cli timeout=600 requires=loradb_compute
 """Oracle test for loradb's Qwen3 model (compute/model) against Hugging Face transformers.
 
 For the tiny dense and MoE configs in compute/configs/: `loradb model init-random` writes a
