@@ -69,6 +69,17 @@ struct Page {
   std::optional<uint64_t> next_after;
 };
 
+// What CheckIntegrity found: `problems` is empty for a consistent catalog.
+struct CatalogIntegrity {
+  std::vector<std::string> problems;
+  std::vector<BlobRecord> blobs;  // every blob record, with its (verified) refcount
+  uint64_t policies = 0;
+  uint64_t revisions = 0;
+  uint64_t live_revisions = 0;
+  uint64_t aliases = 0;
+  uint64_t checkpoints = 0;
+};
+
 class Catalog {
  public:
   // Opens (or creates) the environment in `dir` (created if missing). A second Open of the same
@@ -167,6 +178,13 @@ class Catalog {
   // ---- blobs
   [[nodiscard]] absl::StatusOr<BlobRecord> GetBlob(const Hash128& hash) const;
   [[nodiscard]] absl::StatusOr<std::vector<BlobRecord>> ListBlobs() const;
+
+  // Cross-checks every record in one read transaction (no file I/O): policy name <-> id maps,
+  // revisions against their policy, base, seq index entry and blob record; index entries
+  // against revisions; aliases against live revisions of their policy; checkpoints against
+  // their policy; every blob refcount against the references counted from live revisions and
+  // checkpoints. A non-OK status only for read errors; inconsistencies go to `problems`.
+  [[nodiscard]] absl::StatusOr<CatalogIntegrity> CheckIntegrity() const;
 
   // Bytes of the LMDB data file (the used part of the map).
   [[nodiscard]] absl::StatusOr<uint64_t> DataBytes() const;

@@ -1,9 +1,13 @@
 // Test helper for the Python oracle scripts: exposes loradb's safetensors reader/writer.
 //   st_tool check IN          exit 0 if loradb reads IN, else print the error and exit 1
 //   st_tool rewrite IN OUT    read IN, write it again with loradb's writer to OUT
+//   st_tool peft-scales DIR   read a PEFT dir; print "module_key rank scale" per LoRA module
+//   st_tool peft-rewrite DIR OUT   read a PEFT dir and write it again to OUT
 #include <cstdio>
+#include <set>
 #include <string>
 
+#include "storage/formats/peft.h"
 #include "storage/formats/safetensors.h"
 
 namespace {
@@ -31,6 +35,30 @@ int main(int argc, char** argv) {
     if (!st.ok()) return Fail(st);
     return 0;
   }
-  std::fprintf(stderr, "usage: st_tool check IN | rewrite IN OUT\n");
+  if (cmd == "peft-scales" && argc == 3) {
+    auto adapter = peft::ReadPeftDir(argv[2]);
+    if (!adapter.ok()) return Fail(adapter.status());
+    std::set<std::string> keys;
+    for (const TensorView& t : adapter->tensors.tensors()) {
+      auto name = peft::ParsePeftTensorName(t.name);
+      if (!name.ok()) return Fail(name.status());
+      keys.insert(name->module_key);
+    }
+    for (const std::string& k : keys) {
+      std::printf("%s %d %.17g\n", k.c_str(), adapter->config.RankFor(k),
+                  adapter->config.ScaleFor(k));
+    }
+    return 0;
+  }
+  if (cmd == "peft-rewrite" && argc == 4) {
+    auto adapter = peft::ReadPeftDir(argv[2]);
+    if (!adapter.ok()) return Fail(adapter.status());
+    absl::Status st = peft::WritePeftDir(argv[3], adapter->config, adapter->tensors.tensors());
+    if (!st.ok()) return Fail(st);
+    return 0;
+  }
+  std::fprintf(
+      stderr,
+      "usage: st_tool check IN | rewrite IN OUT | peft-scales DIR | peft-rewrite DIR OUT\n");
   return 2;
 }
