@@ -46,31 +46,4 @@ absl::StatusOr<TensorSet> ReadAdapterBlob(const std::string& path, const BlobRef
   return safetensors::Parse(shared->bytes(), shared);
 }
 
-absl::StatusOr<AdapterTensorName> ParseAdapterTensorName(const std::string& name) {
-  absl::string_view s = name;
-  AdapterTensorName out;
-  if (!absl::ConsumePrefix(&s, "base_model.model.")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "' is not a PEFT LoRA tensor (expected prefix 'base_model.model.')"));
-  }
-  if (absl::ConsumeSuffix(&s, ".lora_A.weight")) {
-  } else if (absl::ConsumeSuffix(&s, ".lora_B.weight")) {
-    out.side_b = true;
-  } else if (absl::ConsumeSuffix(&s, ".lora_embedding_A")) {
-    out.embedding = true;
-  } else if (absl::ConsumeSuffix(&s, ".lora_embedding_B")) {
-    out.embedding = out.side_b = true;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name,
-        "' is not a LoRA A/B weight (DoRA magnitudes, biases and modules_to_save are not "
-        "supported)"));
-  }
-  absl::ConsumePrefix(&s, "model.");
-  if (s.empty())
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' names no module"));
-  out.module = std::string(s);
-  return out;
-}
-
 }  // namespace loradb

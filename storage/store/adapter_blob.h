@@ -1,7 +1,6 @@
 // Adapter blob files as the Store writes and reads them (internal to storage/store): encoding a
 // set of tensors into blob bytes with their xxh3-128 content address, and reading a blob back
-// with its size and checksum verified. Also the PEFT tensor-name parsing the compatibility rule
-// needs.
+// with its size and checksum verified.
 #ifndef LORADB_STORAGE_STORE_ADAPTER_BLOB_H_
 #define LORADB_STORAGE_STORE_ADAPTER_BLOB_H_
 
@@ -30,16 +29,6 @@ struct EncodedBlob {
 // alive). DataLoss when its size or xxh3-128 disagree with `expect`.
 [[nodiscard]] absl::StatusOr<TensorSet> ReadAdapterBlob(const std::string& path,
                                                         const BlobRef& expect);
-
-// A PEFT LoRA tensor name split into its module ("layers.3.self_attn.q_proj") and side.
-struct AdapterTensorName {
-  std::string module;
-  bool side_b = false;
-  bool embedding = false;
-};
-// Parses "base_model.model.[model.]<module>.lora_{A,B}.weight" and
-// "...<module>.lora_embedding_{A,B}"; InvalidArgument for anything else.
-[[nodiscard]] absl::StatusOr<AdapterTensorName> ParseAdapterTensorName(const std::string& name);
 
 }  // namespace loradb
 

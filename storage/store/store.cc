@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "storage/formats/model_config.h"
+#include "storage/formats/peft.h"
 #include "storage/formats/safetensors.h"
 #include "storage/store/adapter_blob.h"
 #include "storage/util/file_util.h"
@@ -57,7 +58,8 @@ absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
   if (tensors.empty()) return absl::InvalidArgumentError("an adapter needs at least one tensor");
   int32_t max_r = 0;
   for (const TensorView& t : tensors) {
-    LORADB_ASSIGN_OR_RETURN(AdapterTensorName n, ParseAdapterTensorName(t.name));
+    LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName n, peft::ParsePeftTensorName(t.name));
+    const bool side_b = n.side == peft::LoraSide::kB;
     const ModuleShape* m = base.FindModule(n.module);
     if (m == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': module '", n.module,
@@ -69,9 +71,9 @@ absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
           absl::StrCat("tensor '", t.name, "' has shape ", ShapeString(t.shape), ", expected 2-D"));
     }
     // A: [r, in]; B: [out, r].
-    const int64_t dim = n.side_b ? t.shape[0] : t.shape[1];
-    const int64_t want = n.side_b ? m->out : m->in;
-    const int64_t r = n.side_b ? t.shape[1] : t.shape[0];
+    const int64_t dim = side_b ? t.shape[0] : t.shape[1];
+    const int64_t want = side_b ? m->out : m->in;
+    const int64_t r = side_b ? t.shape[1] : t.shape[0];
     if (dim != want || r <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", t.name, "' has shape ", ShapeString(t.shape), " but base '",
@@ -82,6 +84,36 @@ absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
   }
   return max_r;
 }
+
+// The PEFT config equivalent of a revision's LoRA settings. Rank patterns come first in
+// `modules` (r != 0), alpha patterns after (has_alpha), each in their original order.
+peft::LoraConfig ToPeftConfig(const LoraSettings& s) {
+  peft::LoraConfig c;
+  c.r = s.r;
+  c.lora_alpha = s.alpha;
+  c.use_rslora = s.use_rslora;
+  for (const auto& m : s.modules) {
+    if (m.r != 0) c.rank_pattern.emplace_back(m.pattern, m.r);
+    if (m.has_alpha) c.alpha_pattern.emplace_back(m.pattern, m.alpha);
+  }
+  c.target_modules = s.target_modules;
+  return c;
+}
+
+LoraSettings FromPeftConfig(const peft::LoraConfig& c) {
+  LoraSettings s;
+  s.r = c.r;
+  s.alpha = static_cast<float>(c.lora_alpha);
+  s.use_rslora = c.use_rslora;
+  for (const auto& [p, r] : c.rank_pattern) s.modules.push_back({p, r, 0, false});
+  for (const auto& [p, a] : c.alpha_pattern) {
+    s.modules.push_back({p, 0, static_cast<float>(a), true});
+  }
+  s.target_modules = c.target_modules;
+  return s;
+}
+
+constexpr char kPeftConfigKey[] = "loradb.peft_adapter_config";
 
 std::string CommonDType(const std::vector<TensorView>& tensors) {
   std::string d;
@@ -256,7 +288,17 @@ absl::StatusOr<TensorSet> Store::ReadBlobTensors(const BlobRef& ref) const {
 absl::StatusOr<RevisionRecord> Store::PublishTensors(const std::string& policy_name,
                                                      const std::vector<TensorView>& tensors,
                                                      const PublishOptions& options) {
-  LORADB_ASSIGN_OR_RETURN(PolicyRecord policy, catalog_->GetPolicy(policy_name));
+  auto found = catalog_->GetPolicy(policy_name);
+  PolicyRecord policy;
+  if (found.ok()) {
+    policy = std::move(*found);
+  } else if (absl::IsNotFound(found.status()) && !options.create_policy_base.empty()) {
+    LORADB_RETURN_IF_ERROR(ValidatePolicyName(policy_name));
+    policy.name = policy_name;  // id 0: created in the publish transaction
+    policy.base = options.create_policy_base;
+  } else {
+    return found.status();
+  }
   if (policy.archived) {
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
@@ -265,24 +307,60 @@ absl::StatusOr<RevisionRecord> Store::PublishTensors(const std::string& policy_n
   LORADB_ASSIGN_OR_RETURN(int32_t r, CheckCompatible(base, tensors));
   if (!options.alias.empty()) LORADB_RETURN_IF_ERROR(ValidateAliasName(options.alias));
 
-  std::map<std::string, std::string> metadata = options.metadata;
-  LORADB_ASSIGN_OR_RETURN(EncodedBlob blob, EncodeAdapterBlob(tensors, metadata, options.pack));
+  LoraSettings lora = options.lora;
+  if (lora.r == 0) lora.r = r;
+  if (lora.alpha == 0) lora.alpha = static_cast<float>(lora.r);
+  // Every module has one A and one B, 2-D, floating point, ranks matching the settings.
+  LORADB_RETURN_IF_ERROR(peft::ValidateLoraTensors(ToPeftConfig(lora), tensors));
+
+  LORADB_ASSIGN_OR_RETURN(EncodedBlob blob,
+                          EncodeAdapterBlob(tensors, options.metadata, options.pack));
   // 1. The blob file, durable (temp, fsync, rename, dir fsync). 2. The catalog transaction.
   LORADB_ASSIGN_OR_RETURN(std::string rel, WriteBlob(blob.hash, blob.bytes));
 
   NewRevision nr;
   nr.policy_id = policy.id;
+  if (policy.id == 0) {
+    nr.create_policy = policy.name;
+    nr.create_policy_base = policy.base;
+  }
   nr.parent = options.parent;
   nr.source = options.source;
-  nr.lora = options.lora;
-  if (nr.lora.r == 0) nr.lora.r = r;
-  if (nr.lora.alpha == 0) nr.lora.alpha = static_cast<float>(nr.lora.r);
+  nr.lora = std::move(lora);
   nr.dtype = CommonDType(tensors);
   nr.layout = blob.layout;
   nr.blob = BlobRef{blob.hash, blob.bytes.size(), static_cast<uint32_t>(tensors.size())};
   nr.evals = options.evals;
   nr.alias = options.alias;
   return catalog_->Publish(nr, rel);
+}
+
+absl::StatusOr<RevisionRecord> Store::PublishPeftDir(const std::string& policy,
+                                                     const std::string& peft_dir,
+                                                     PublishOptions options) {
+  LORADB_ASSIGN_OR_RETURN(peft::PeftAdapter adapter, peft::ReadPeftDir(peft_dir));
+  options.lora = FromPeftConfig(adapter.config);
+  LORADB_ASSIGN_OR_RETURN(std::string config_json, adapter.config.ToJson());
+  options.metadata[kPeftConfigKey] = config_json;
+  if (options.source.kind == SourceKind::kImported) {
+    if (options.source.origin.empty()) options.source.origin = peft_dir;
+    Xxh3_128Stream h;
+    for (const auto& t : adapter.tensors.tensors()) h.Update(t.data, t.nbytes);
+    options.source.content_hash = h.Digest().Hex();
+  }
+  return PublishTensors(policy, adapter.tensors.tensors(), options);
+}
+
+absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& out_dir) const {
+  LORADB_ASSIGN_OR_RETURN(TensorSet tensors, ReadTensors(rev));
+  peft::LoraConfig config;
+  auto it = tensors.metadata().find(kPeftConfigKey);
+  if (it != tensors.metadata().end()) {
+    LORADB_ASSIGN_OR_RETURN(config, peft::ParseLoraConfig(it->second));
+  } else {
+    config = ToPeftConfig(rev.lora);
+  }
+  return peft::WritePeftDir(out_dir, config, tensors.tensors());
 }
 
 absl::StatusOr<RevisionRecord> Store::PublishSafetensors(const std::string& policy,

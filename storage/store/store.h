@@ -57,6 +57,9 @@ struct Located {
 // tensors); PEFT imports take it from adapter_config.json.
 struct PublishOptions {
   std::string alias;  // moved to the new revision in the same transaction when set
+  // When the policy does not exist and this names a base: create the policy on that base in
+  // the publish transaction (nothing is created if the publish fails).
+  std::string create_policy_base;
   uint64_t parent = 0;
   RevisionSource source;
   LoraSettings lora;
@@ -130,6 +133,13 @@ class Store {
   [[nodiscard]] absl::StatusOr<RevisionRecord> PublishTensors(
       const std::string& policy, const std::vector<TensorView>& tensors,
       const PublishOptions& options);
+  // Imports a PEFT directory (adapter_config.json + adapter_model.safetensors): LoRA settings
+  // from the config (which is also kept verbatim in the blob for export); source = imported
+  // with origin `peft_dir` and the xxh3-128 of the tensor bytes. Unsupported PEFT features
+  // (DoRA, modules_to_save, ...) are refused by name.
+  [[nodiscard]] absl::StatusOr<RevisionRecord> PublishPeftDir(const std::string& policy,
+                                                              const std::string& peft_dir,
+                                                              PublishOptions options = {});
   // Imports a safetensors file of PEFT-named LoRA tensors; `options.lora` describes them.
   [[nodiscard]] absl::StatusOr<RevisionRecord> PublishSafetensors(const std::string& policy,
                                                                   const std::string& path,
@@ -179,6 +189,12 @@ class Store {
   // ---- the four questions, and export
   [[nodiscard]] absl::StatusOr<Located> Locate(const std::string& policy,
                                                const std::string& alias) const;
+
+  // Writes the revision as a PEFT directory (adapter_config.json + adapter_model.safetensors)
+  // that PyPI peft loads onto the matching base. Tensors are bit-identical to the import; an
+  // imported adapter_config.json is written back as it was.
+  [[nodiscard]] absl::Status ExportPeftDir(const RevisionRecord& rev,
+                                           const std::string& out_dir) const;
 
   // ---- verification
   // Catalog cross-checks plus every blob file present with matching size and xxh3-128; files

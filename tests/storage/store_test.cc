@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "storage/formats/peft.h"
+#include "storage/formats/safetensors.h"
 #include "storage/util/file_util.h"
 #include "tests/test_util.h"
 
@@ -130,11 +133,28 @@ TEST_F(StoreTest, CompatibilityRuleRejectsAndLeavesStoreUnchanged) {
   pack.pack = true;
   EXPECT_FALSE(store_->PublishTensors("acme/support", MakeAdapter(2, 0).views, pack).ok());
 
+  // Creating the policy on the fly happens only with a successful publish.
+  PublishOptions create;
+  create.create_policy_base = "tiny";
+  EXPECT_FALSE(store_->PublishTensors("new/policy", wrong_dim.views, create).ok());
+  EXPECT_TRUE(absl::IsNotFound(store_->GetPolicy("new/policy").status()));
+  create.create_policy_base = "nobase";
+  EXPECT_TRUE(absl::IsNotFound(
+      store_->PublishTensors("new/policy", MakeAdapter(2, 0).views, create).status()));
+  EXPECT_TRUE(absl::IsNotFound(store_->GetPolicy("new/policy").status()));
+
   EXPECT_TRUE(store_->ListAllRevisions(0, 0)->items.empty());
+  create.create_policy_base = "tiny";
+  auto created = store_->PublishTensors("new/policy", MakeAdapter(2, 0).views, create);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->seq, 1u);
+  EXPECT_EQ(store_->GetPolicy("new/policy")->base, "tiny");
+  ASSERT_TRUE(store_->DeleteRevision(created->id).ok());
   auto rep = store_->Verify();
   ASSERT_TRUE(rep.ok());
   EXPECT_TRUE(rep->ok());
-  EXPECT_TRUE(rep->reclaimable.empty());  // nothing was written
+  // Nothing of the failed publishes was written; the deleted revision's blob is reclaimable.
+  EXPECT_EQ(rep->reclaimable.size(), 1u);
 }
 
 TEST_F(StoreTest, VerifyFindsCorruptionMissingBlobsAndReportsOrphans) {
@@ -229,6 +249,60 @@ TEST_F(StoreTest, AliasesRollbackDeleteThroughStore) {
   ExpectVerifyOk();
 }
 
+TEST_F(StoreTest, PeftDirImportExportRoundTripsBytes) {
+  Adapter a;
+  a.Add("layers.0.self_attn.q_proj", false, 4, 8, 1);
+  a.Add("layers.0.self_attn.q_proj", true, 16, 4, 2);
+  a.Add("layers.0.self_attn.k_proj", false, 2, 8, 3);
+  a.Add("layers.0.self_attn.k_proj", true, 4, 2, 4);
+  const std::string cfg_text =
+      R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_rslora": true, )"
+      R"("rank_pattern": {"k_proj": 2}, "alpha_pattern": {"k_proj": 3}, )"
+      R"("target_modules": ["q_proj", "k_proj"], "task_type": "CAUSAL_LM"})";
+  auto cfg = peft::ParseLoraConfig(cfg_text);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_TRUE(peft::WritePeftDir(dir_.file("in"), *cfg, a.views).ok());
+  PublishOptions o;
+  o.alias = "serving";
+  auto r = store_->PublishPeftDir("acme/support", dir_.file("in"), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->lora.r, 4);
+  EXPECT_FLOAT_EQ(r->lora.alpha, 8);
+  EXPECT_TRUE(r->lora.use_rslora);
+  ASSERT_EQ(r->lora.modules.size(), 2u);
+  EXPECT_EQ(r->source.origin, dir_.file("in"));
+  EXPECT_EQ(r->source.content_hash.size(), 32u);
+  ASSERT_TRUE(store_->ExportPeftDir(*r, dir_.file("out")).ok());
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) {
+    auto in = ReadFileToString(dir_.file(absl::StrCat("in/", f)));
+    auto out = ReadFileToString(dir_.file(absl::StrCat("out/", f)));
+    ASSERT_TRUE(in.ok() && out.ok());
+    EXPECT_EQ(*in, *out) << f;
+  }
+  // Settings-only export (no stored config) still loads with the same ranks.
+  auto t = store_->ReadTensors(*r);
+  ASSERT_TRUE(t.ok());
+  PublishOptions plain;
+  plain.lora = r->lora;
+  auto r2 = store_->PublishTensors("acme/support", t->tensors(), plain);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  ASSERT_TRUE(store_->ExportPeftDir(*r2, dir_.file("out2")).ok());
+  auto back = peft::ReadPeftDir(dir_.file("out2"));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->config.RankFor("model.layers.0.self_attn.k_proj"), 2);
+  EXPECT_DOUBLE_EQ(back->config.ScaleFor("model.layers.0.self_attn.k_proj"), 3 / std::sqrt(2.0));
+
+  // Unsupported features are refused by name and change nothing.
+  ASSERT_TRUE(WriteFileAtomic(dir_.file("in/adapter_config.json"),
+                              R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_dora": true})")
+                  .ok());
+  auto dora = store_->PublishPeftDir("acme/support", dir_.file("in"));
+  EXPECT_FALSE(dora.ok());
+  EXPECT_NE(dora.status().message().find("use_dora"), std::string::npos) << dora.status();
+  EXPECT_EQ(store_->ListRevisions("acme/support", 0, 0)->items.size(), 2u);
+  ExpectVerifyOk();
+}
+
 TEST(StoreBases, FromQwen3ConfigAndWeights) {
   TempDir dir;
   auto s = Store::Open(dir.file("store"));
@@ -253,6 +327,12 @@ TEST(StoreBases, FromQwen3ConfigAndWeights) {
   EXPECT_EQ(q->in, 16);
   EXPECT_EQ(q->out, 16);
   EXPECT_TRUE(b->weights_fingerprint.empty());
+  Adapter w = MakeAdapter(2, 0);
+  ASSERT_TRUE(safetensors::WriteFile(dir.file("model.safetensors"), w.views, {}).ok());
+  auto fp = (*s)->AddBaseFromConfig("qwen3-tiny-w", dir.file("config.json"),
+                                    dir.file("model.safetensors"));
+  ASSERT_TRUE(fp.ok()) << fp.status();
+  EXPECT_EQ(fp->weights_fingerprint.size(), 32u);
   EXPECT_TRUE(absl::IsAlreadyExists(
       (*s)->AddBaseFromConfig("qwen3-tiny", dir.file("config.json")).status()));
   EXPECT_FALSE((*s)->AddBaseFromConfig("x", dir.file("missing.json")).ok());
@@ -260,7 +340,7 @@ TEST(StoreBases, FromQwen3ConfigAndWeights) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       (*s)->AddBaseFromModuleTable("y", R"({"modules":[{"name":"a","in":"x","out":1}]})")
           .status()));
-  EXPECT_EQ((*s)->ListBases()->size(), 1u);
+  EXPECT_EQ((*s)->ListBases()->size(), 2u);
 }
 
 TEST(StoreOpen, SeparateBlobRootAndMissingStore) {
