@@ -1,5 +1,6 @@
-// `loradb compact`, `loradb migrate`, `loradb verify`: offline maintenance of a store
-// (storage/maintenance/maintenance.h, docs/operations.md).
+// `loradb compact` and `loradb migrate`: offline maintenance of a store
+// (storage/maintenance/maintenance.h, docs/operations.md). `loradb verify` (cmd_store.cc) runs
+// VerifyStore.
 #include <unistd.h>
 
 #include <cstdio>
@@ -177,55 +178,6 @@ void SetupMigrate(CLI::App* sub, Invocation* inv) {
   });
 }
 
-void SetupVerify(CLI::App* sub, Invocation* inv) {
-  struct Args {
-    bool json = false;
-    std::string blob_root;
-  };
-  auto args = std::make_shared<Args>();
-  AddJsonFlag(sub, &args->json);
-  sub->add_option("--blob-root", args->blob_root, "blob directory (default STORE/blobs)");
-  sub->callback([inv, args] {
-    inv->run = [inv, args]() -> absl::Status {
-      StoreVerifyOptions o;
-      o.blob_root = args->blob_root;
-      auto rep = VerifyStore(inv->global.store, o);
-      if (!rep.ok()) return rep.status();
-      if (args->json) {
-        PrintJson({{"ok", rep->ok()},
-                   {"problems", rep->problems},
-                   {"reclaimable", rep->reclaimable},
-                   {"reclaimable_bytes", rep->reclaimable_bytes},
-                   {"schema_version", rep->schema_version},
-                   {"policies", rep->policies},
-                   {"revisions", rep->revisions},
-                   {"live_revisions", rep->live_revisions},
-                   {"aliases", rep->aliases},
-                   {"alias_log_entries", rep->alias_log_entries},
-                   {"checkpoints", rep->checkpoints},
-                   {"blobs_checked", rep->blobs_checked},
-                   {"bytes_checked", rep->bytes_checked},
-                   {"pruned_references", rep->pruned_references}});
-      } else {
-        std::cout << "verify: " << rep->revisions << " revisions (" << rep->live_revisions
-                  << " live), " << rep->policies << " policies, " << rep->aliases << " aliases, "
-                  << rep->checkpoints << " checkpoints, " << rep->blobs_checked
-                  << " blobs checked (" << rep->bytes_checked << " bytes)\n";
-        if (!rep->reclaimable.empty()) {
-          std::cout << "reclaimable by `loradb compact`: " << rep->reclaimable.size() << " blobs, "
-                    << rep->reclaimable_bytes << " bytes\n";
-        }
-        for (const auto& p : rep->problems) std::cout << "problem: " << p << "\n";
-      }
-      if (!rep->ok()) {
-        return absl::DataLossError(
-            absl::StrCat("verify found ", rep->problems.size(), " problem(s)"));
-      }
-      return absl::OkStatus();
-    };
-  });
-}
-
 }  // namespace
 
 LORADB_REGISTER_COMMAND("compact",
@@ -234,9 +186,5 @@ LORADB_REGISTER_COMMAND("compact",
                         SetupCompact);
 LORADB_REGISTER_COMMAND("migrate", "offline: move the store to this build's schema version",
                         SetupMigrate);
-LORADB_REGISTER_COMMAND("verify",
-                        "check every blob checksum, reference, refcount and alias log; exit 1 "
-                        "with the problems listed",
-                        SetupVerify);
 
 }  // namespace loradb::cli
