@@ -318,6 +318,8 @@ absl::StatusOr<CompactReport> CompactStore(const std::string& dir, const Compact
   rep.dropped_retention = plan.dropped_retention;
   rep.blob_records_before = plan.blob_records_before;
   rep.blob_records_kept = plan.blob_records_kept;
+  const double t1 = NowSeconds();
+  rep.rebuild_seconds = t1 - t0;
   if (options.dry_run) {
     rep.seconds = NowSeconds() - t0;
     return rep;
@@ -327,6 +329,8 @@ absl::StatusOr<CompactReport> CompactStore(const std::string& dir, const Compact
     (void)RemoveTree(p.work);
     return st;
   }
+  const double t2 = NowSeconds();
+  rep.verify_seconds = t2 - t1;
   LORADB_ASSIGN_OR_RETURN(SwapResult swap, SwapGeneration(p, options.drop_previous));
   rep.previous_generation = swap.previous;
   rep.catalog_bytes_after = FileBytes(p.data);
@@ -339,6 +343,7 @@ absl::StatusOr<CompactReport> CompactStore(const std::string& dir, const Compact
   LORADB_RETURN_IF_ERROR(RemoveTree(p.work));
   LORADB_RETURN_IF_ERROR(FaultPoint("maint.done"));
   rep.seconds = NowSeconds() - t0;
+  rep.swap_seconds = rep.seconds - (t2 - t0);
   return rep;
 }
 
@@ -378,6 +383,8 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
     rep.changes.push_back(absl::StrCat("build the revisions_by_blob index: ", plan.index_entries,
                                        " entries over ", plan.revisions_before, " revisions"));
   }
+  const double t1 = NowSeconds();
+  rep.rebuild_seconds = t1 - t0;
   if (options.dry_run) {
     rep.seconds = NowSeconds() - t0;
     return rep;
@@ -387,12 +394,15 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
     (void)RemoveTree(p.work);
     return st;
   }
+  const double t2 = NowSeconds();
+  rep.verify_seconds = t2 - t1;
   LORADB_ASSIGN_OR_RETURN(SwapResult swap, SwapGeneration(p, options.drop_previous));
   rep.previous_generation = swap.previous;
   rep.catalog_bytes_after = FileBytes(p.data);
   LORADB_RETURN_IF_ERROR(RemoveTree(p.work));
   LORADB_RETURN_IF_ERROR(FaultPoint("maint.done"));
   rep.seconds = NowSeconds() - t0;
+  rep.swap_seconds = rep.seconds - (t2 - t0);
   return rep;
 }
 

@@ -67,6 +67,11 @@ struct CompactReport {
   uint64_t blob_files_kept_for_previous = 0;  // unreferenced now, needed by prev.mdb
   std::string previous_generation;            // path of prev.mdb, empty when none is kept
   double seconds = 0;
+  // Phases of `seconds`: plan + rebuild (incl. fsync), verification of the new generation,
+  // swap + blob collection.
+  double rebuild_seconds = 0;
+  double verify_seconds = 0;
+  double swap_seconds = 0;
 };
 
 // Compacts the store in `dir`. FailedPrecondition for a store of another schema version (run
@@ -94,6 +99,9 @@ struct MigrateReport {
   uint64_t catalog_bytes_after = 0;
   std::string previous_generation;
   double seconds = 0;
+  double rebuild_seconds = 0;  // phases of `seconds`, as in CompactReport
+  double verify_seconds = 0;
+  double swap_seconds = 0;
 };
 
 // Moves the store in `dir` forward to this build's schema version (kCatalogSchemaVersion).

@@ -348,3 +348,49 @@ TEST(Migrate, RefusesANewerStore) {
 
 }  // namespace
 }  // namespace loradb
+
+// ---- the checked-in v1 fixture (tests/storage/fixtures/v1_store): real v1 bytes, forever.
+// Regenerate (only when the v1 writer itself must change) with
+//   LORADB_WRITE_V1_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V1Fixture.*'
+
+namespace loradb {
+namespace {
+
+const std::string kFixture = std::string(LORADB_SOURCE_DIR) + "/tests/storage/fixtures/v1_store";
+
+TEST(V1Fixture, WriterReproducesTheCheckedInBytes) {
+  const char* regen = std::getenv("LORADB_WRITE_V1_FIXTURE");
+  if (regen != nullptr && std::string(regen) == "1") {
+    fs::remove_all(kFixture);
+    WriteV1Store(kFixture);
+    fs::remove(kFixture + "/catalog/lock.mdb");
+  }
+  ASSERT_TRUE(fs::exists(kFixture + "/catalog/data.mdb"));
+  TempDir t;
+  WriteV1Store(t.file("s"));
+  auto fresh = ReadFileToString(t.file("s/catalog/data.mdb"));
+  auto fixture = ReadFileToString(kFixture + "/catalog/data.mdb");
+  ASSERT_TRUE(fresh.ok() && fixture.ok());
+  EXPECT_TRUE(*fresh == *fixture) << "the v1 writer no longer writes the checked-in v1 bytes";
+}
+
+TEST(V1Fixture, MigratesAndVerifies) {
+  TempDir t;
+  const std::string dir = t.file("store");
+  maint_test::CopyTree(kFixture, dir);
+  ASSERT_EQ(*ReadStoreSchemaVersion(dir), 1u);
+  auto rep = MigrateStore(dir, {});
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->from_version, 1u);
+  EXPECT_EQ(rep->index_entries, 4u);
+  EXPECT_EQ(VerifyProblems(dir), "");
+  const auto snap = Snapshot(dir);
+  EXPECT_EQ(snap.at("alias legacy/p:serving"), "3");
+  for (int id : {1, 3, 4}) {
+    EXPECT_NE(snap.at(absl::StrCat("rev ", id)).find("readable"), std::string::npos) << id;
+  }
+  EXPECT_EQ(snap.count("rev 2"), 0u);  // deleted in the fixture
+}
+
+}  // namespace
+}  // namespace loradb
