@@ -6,11 +6,14 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "storage/catalog/catalog.h"
+#include "storage/formats/blob.h"
 #include "storage/maintenance/rebuild.h"
+#include "storage/store/adapter_blob.h"
 #include "storage/store/store.h"
 #include "storage/util/fault_injection.h"
 #include "storage/util/file_util.h"
@@ -277,6 +280,73 @@ absl::Status RequireCatalog(const Paths& p) {
   return absl::OkStatus();
 }
 
+// Writes a blob file durably under the blob root (fan-out directories made durable first),
+// unless a file of that size is already there.
+absl::Status WriteBlobDurably(const Paths& p, const std::string& rel, const std::string& bytes) {
+  const std::string path = absl::StrCat(p.blob_root, "/", rel);
+  if (Exists(path) && FileBytes(path) == bytes.size()) return absl::OkStatus();
+  const std::filesystem::path leaf = std::filesystem::path(path).parent_path();
+  const bool had_leaf = Exists(leaf.string()), had_mid = Exists(leaf.parent_path().string());
+  LORADB_RETURN_IF_ERROR(CreateDirectories(leaf.string()));
+  if (!had_mid) LORADB_RETURN_IF_ERROR(FsyncDirectory(p.blob_root));
+  if (!had_leaf) LORADB_RETURN_IF_ERROR(FsyncDirectory(leaf.parent_path().string()));
+  return WriteFileAtomic(path, bytes);
+}
+
+// Finds the live revisions to re-layout, writes their new blobs and fills `rewrites`.
+absl::Status PlanRepack(const Paths& p, const MigrateOptions& options,
+                        std::map<uint64_t, maint_internal::RevisionRewrite>* rewrites,
+                        MigrateReport* rep) {
+  const bool pack = options.repack == Repack::kPack;
+  const Layout from = pack ? Layout::kPlain : Layout::kPacked;
+  CatalogOptions copts;
+  copts.create_if_missing = false;
+  LORADB_ASSIGN_OR_RETURN(std::shared_ptr<Catalog> cat, Catalog::Open(p.store, copts));
+  // One new blob per old blob: revisions sharing content share the rewritten blob too.
+  std::map<std::pair<uint64_t, uint64_t>, std::optional<maint_internal::RevisionRewrite>> done;
+  uint64_t after = 0;
+  for (;;) {
+    LORADB_ASSIGN_OR_RETURN(Page<RevisionRecord> page, cat->ListRevisions(after, 1024));
+    for (const RevisionRecord& r : page.items) {
+      if (r.layout != from || r.blob.empty()) continue;
+      auto key = std::make_pair(r.blob.hash.high, r.blob.hash.low);
+      auto it = done.find(key);
+      if (it == done.end()) {
+        const std::string path = absl::StrCat(p.blob_root, "/", BlobRelPath(r.blob.hash));
+        LORADB_ASSIGN_OR_RETURN(TensorSet tensors, ReadAdapterBlob(path, r.blob));
+        LORADB_ASSIGN_OR_RETURN(MappedFile map, MappedFile::Open(path));
+        LORADB_ASSIGN_OR_RETURN(uint64_t head, BlobHeaderEnd(map.bytes()));
+        LORADB_ASSIGN_OR_RETURN(BlobLayout layout,
+                                ParseBlobLayout(map.bytes().first(head), map.size()));
+        LORADB_ASSIGN_OR_RETURN(EncodedBlob enc,
+                                EncodeAdapterBlob(tensors.tensors(), layout.metadata, pack));
+        std::optional<maint_internal::RevisionRewrite> rw;
+        if (enc.layout != r.layout) {  // kPack: nothing stackable leaves it plain
+          rw.emplace();
+          rw->blob = BlobRef{enc.hash, enc.bytes.size(), r.blob.tensors};
+          rw->layout = enc.layout;
+          rw->relpath = BlobRelPath(enc.hash);
+          ++rep->blobs_written;
+          rep->rewritten_bytes_before += r.blob.bytes;
+          rep->rewritten_bytes_after += enc.bytes.size();
+          if (!options.dry_run) {
+            LORADB_RETURN_IF_ERROR(FaultPoint("maint.repack_blob"));
+            LORADB_RETURN_IF_ERROR(WriteBlobDurably(p, rw->relpath, enc.bytes));
+          }
+        }
+        it = done.emplace(key, std::move(rw)).first;
+      }
+      if (it->second) {
+        (*rewrites)[r.id] = *it->second;
+        ++rep->revisions_rewritten;
+      }
+    }
+    if (!page.next_after) break;
+    after = *page.next_after;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<uint32_t> ReadStoreSchemaVersion(const std::string& dir) {
@@ -363,7 +433,12 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
                      ", newer than this loradb supports (", kCatalogSchemaVersion,
                      "); upgrade loradb instead of migrating"));
   }
-  if (rep.from_version == kCatalogSchemaVersion) {
+  if (options.repack != Repack::kNone && rep.from_version != kCatalogSchemaVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store '", dir, "' has schema version ", rep.from_version,
+                     "; run `loradb migrate` first, then `loradb migrate --repack/--unpack`"));
+  }
+  if (rep.from_version == kCatalogSchemaVersion && options.repack == Repack::kNone) {
     rep.catalog_bytes_after = rep.catalog_bytes_before;
     rep.seconds = NowSeconds() - t0;
     return rep;
@@ -372,12 +447,24 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
   RebuildSpec spec;
   spec.target_version = kCatalogSchemaVersion;
   spec.progress = options.progress;
+  if (options.repack != Repack::kNone) {
+    LORADB_RETURN_IF_ERROR(PlanRepack(p, options, &spec.rewrites, &rep));
+    spec.drop_unreferenced_blobs = true;  // refcounts move to the new blobs
+    rep.changes.push_back(
+        absl::StrCat(options.repack == Repack::kPack ? "repack " : "unpack ",
+                     rep.revisions_rewritten, " revisions into ", rep.blobs_written, " new blobs (",
+                     rep.rewritten_bytes_before, " -> ", rep.rewritten_bytes_after, " bytes)"));
+    if (options.dry_run || rep.revisions_rewritten == 0) {
+      rep.seconds = NowSeconds() - t0;
+      return rep;
+    }
+  }
   LORADB_ASSIGN_OR_RETURN(
       RebuildResult plan,
       maint_internal::Rebuild(p.catalog, options.dry_run ? "" : p.work_env, spec));
   rep.revisions = plan.revisions_before;
   rep.index_entries = plan.index_entries;
-  if (rep.from_version < 2) {
+  if (rep.from_version < 2 && rep.from_version < kCatalogSchemaVersion) {
     rep.changes.push_back(
         absl::StrCat("schema_version ", rep.from_version, " -> ", kCatalogSchemaVersion));
     rep.changes.push_back(absl::StrCat("build the revisions_by_blob index: ", plan.index_entries,

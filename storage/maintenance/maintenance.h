@@ -80,8 +80,14 @@ struct CompactReport {
 [[nodiscard]] absl::StatusOr<CompactReport> CompactStore(const std::string& dir,
                                                          const CompactOptions& options);
 
+// Blob-layout rewrite applied by MigrateStore to live revisions (same ids, same tensors through
+// the API, new blobs): kPack rewrites plain-layout revisions whose MoE expert tensors can be
+// stacked into the packed layout; kUnpack rewrites packed revisions back to plain.
+enum class Repack : uint8_t { kNone = 0, kPack = 1, kUnpack = 2 };
+
 struct MigrateOptions {
   std::string blob_root;  // default `<store>/blobs`
+  Repack repack = Repack::kNone;
   bool dry_run = false;
   bool drop_previous = false;
   MaintenanceProgress progress;
@@ -94,7 +100,11 @@ struct MigrateReport {
   // What changed (or would change), one line each; empty when the store was current.
   std::vector<std::string> changes;
   uint64_t revisions = 0;
-  uint64_t index_entries = 0;  // revisions_by_blob entries built
+  uint64_t index_entries = 0;        // revisions_by_blob entries built
+  uint64_t revisions_rewritten = 0;  // by repack / unpack
+  uint64_t blobs_written = 0;        // new blob files for them
+  uint64_t rewritten_bytes_before = 0;
+  uint64_t rewritten_bytes_after = 0;
   uint64_t catalog_bytes_before = 0;
   uint64_t catalog_bytes_after = 0;
   std::string previous_generation;
@@ -104,8 +114,11 @@ struct MigrateReport {
   double swap_seconds = 0;
 };
 
-// Moves the store in `dir` forward to this build's schema version (kCatalogSchemaVersion).
-// A current store is left alone (OK, no changes). FailedPrecondition for a store newer than this
+// Moves the store in `dir` forward to this build's schema version (kCatalogSchemaVersion), and/or
+// rewrites blob layouts (`repack`, which needs a current store: migrate first). New blob files
+// are written durably before the catalog swap; the old ones stay for the previous generation and
+// are collected by a later compaction. A current store without repack is left alone (OK, no
+// changes). FailedPrecondition for a store newer than this
 // build; Unavailable while the store is in use.
 [[nodiscard]] absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir,
                                                          const MigrateOptions& options);

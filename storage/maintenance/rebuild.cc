@@ -321,6 +321,8 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
       ri.id = GetBE64(k.mv_data);
       ri.policy_id = r.policy_id;
       ri.seq = r.seq;
+      auto rw = spec.rewrites.find(ri.id);
+      if (rw != spec.rewrites.end() && r.state == RevisionState::kLive) r.blob = rw->second.blob;
       ri.blob = r.blob.hash;
       ri.has_blob = !r.blob.empty();
       ri.live = r.state == RevisionState::kLive;
@@ -408,7 +410,7 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
   }
 
   // Blob records: the source's referenced ones, and the rebuilt refcounts.
-  std::vector<std::pair<std::string, std::string>> blob_rows;  // key, re-encoded value
+  std::map<std::string, std::string> blob_rows;  // key -> re-encoded value, in key order
   {
     Cursor c(rtxn.get(), sdbi[kBlobs]);
     LORADB_RETURN_IF_ERROR(c.status());
@@ -424,9 +426,22 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
       if (count == 0 && spec.drop_unreferenced_blobs) continue;
       if (spec.drop_unreferenced_blobs) b.refcount = count;
       if (b.refcount > 0) out.kept_blob_relpaths.insert(b.relpath);
-      blob_rows.emplace_back(std::string(static_cast<const char*>(k.mv_data), 16),
-                             codec::EncodeBlob(b));
+      blob_rows.emplace(std::string(static_cast<const char*>(k.mv_data), 16), codec::EncodeBlob(b));
     }
+  }
+  // Records for the blobs rewritten revisions now reference.
+  for (const auto& [id, rw] : spec.rewrites) {
+    const std::string key = BE128(rw.blob.hash.high, rw.blob.hash.low);
+    if (blob_rows.count(key)) continue;
+    auto it = refs.find(HashKey{rw.blob.hash.high, rw.blob.hash.low});
+    if (it == refs.end() || it->second == 0) continue;
+    BlobRecord b;
+    b.relpath = rw.relpath;
+    b.bytes = rw.blob.bytes;
+    b.refcount = it->second;
+    b.kind = BlobKind::kAdapter;
+    out.kept_blob_relpaths.insert(b.relpath);
+    blob_rows.emplace(key, codec::EncodeBlob(b));
   }
   out.blob_records_kept = blob_rows.size();
   {
@@ -488,7 +503,18 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
       if (i >= revs.size() || revs[i].id != GetBE64(k.mv_data)) {
         return absl::AbortedError("catalog changed during the rebuild");
       }
-      if (revs[i].keep) LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, v));
+      auto rw = spec.rewrites.find(revs[i].id);
+      if (revs[i].keep && rw != spec.rewrites.end()) {
+        LORADB_ASSIGN_OR_RETURN(RevisionRecord r, codec::DecodeRevision(Bytes(v)));
+        if (r.state == RevisionState::kLive) {
+          r.blob = rw->second.blob;
+          r.layout = rw->second.layout;
+        }
+        const std::string bytes = codec::EncodeRevision(r);
+        LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, Val(bytes)));
+      } else if (revs[i].keep) {
+        LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, v));
+      }
       if ((i & 0xffff) == 0) Report(spec, "write", i, revs.size());
     }
     if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan revisions");

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,8 +17,17 @@
 
 namespace loradb::maint_internal {
 
+// A live revision whose blob the rebuild replaces (repack / unpack): same id, new blob + layout.
+struct RevisionRewrite {
+  BlobRef blob;
+  Layout layout = Layout::kPlain;
+  std::string relpath;
+};
+
 // How the rebuild treats the source.
 struct RebuildSpec {
+  // Revision id -> its new blob (the files are already written and durable).
+  std::map<uint64_t, RevisionRewrite> rewrites;
   uint32_t target_version = kCatalogSchemaVersion;
   bool drop_deleted = false;             // compaction: drop deleted revision records
   bool drop_unreferenced_blobs = false;  // compaction: drop blob records nobody references

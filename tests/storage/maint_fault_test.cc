@@ -38,6 +38,12 @@ absl::Status CompactOp(const std::string& dir) {
 
 absl::Status MigrateOp(const std::string& dir) { return MigrateStore(dir, {}).status(); }
 
+absl::Status RepackOp(const std::string& dir) {
+  MigrateOptions o;
+  o.repack = Repack::kPack;
+  return MigrateStore(dir, o).status();
+}
+
 absl::Status PublishOp(const std::string& dir) {
   auto s = Store::Open(dir);
   if (!s.ok()) return s.status();
@@ -187,6 +193,28 @@ class FaultHarness {
 void BuildV2Store(const std::string& dir) { BuildStore(dir); }
 void BuildV1Store(const std::string& dir) { maint_test::WriteV1Store(dir); }
 
+// Two policies' worth of plain MoE revisions (one shared blob) for --repack.
+void BuildMoeStore(const std::string& dir) {
+  auto s = maint_test::OpenStore(dir);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->AddBaseFromModuleTable("moe", R"({"modules": [
+      {"name": "layers.0.mlp.experts.0.up_proj", "in": 8, "out": 16},
+      {"name": "layers.0.mlp.experts.1.up_proj", "in": 8, "out": 16}]})")
+                  .ok());
+  ASSERT_TRUE(s->CreatePolicy("a/p", "moe").ok());
+  for (float seed : {1.0f, 1.0f, 3.0f}) {
+    maint_test::Adapter a;
+    for (int e = 0; e < 2; ++e) {
+      const std::string m = absl::StrCat("layers.0.mlp.experts.", e, ".up_proj");
+      a.Add(m, false, 2, 8, seed + static_cast<float>(e));
+      a.Add(m, true, 16, 2, seed + 5 + static_cast<float>(e));
+    }
+    PublishOptions o;
+    o.alias = "serving";
+    ASSERT_TRUE(s->PublishTensors("a/p", a.views, o).ok());
+  }
+}
+
 // Runs every named point with kill, ENOSPC and EIO, plus `random` random kills.
 Counts RunMatrix(FaultHarness& h, int random, int64_t max_us, bool all_points) {
   Counts c;
@@ -248,6 +276,14 @@ TEST(MaintFaults, Publish) {
   EXPECT_GE(c.kills, 5);
 }
 
+TEST(MaintFaults, Repack) {
+  FaultHarness h(BuildMoeStore, RepackOp, false);
+  ASSERT_FALSE(HasFatalFailure());
+  const int64_t us = MeasureMicros(BuildMoeStore, RepackOp);
+  Counts c = RunMatrix(h, 5, us + us / 2, false);
+  EXPECT_GE(c.kills, 8);
+}
+
 // Every repeated hit of every point, and many more random kills.
 TEST(MaintFaults, FullMatrix) {
   LORADB_SLOW_TEST();
@@ -256,13 +292,14 @@ TEST(MaintFaults, FullMatrix) {
        std::vector<std::tuple<std::function<void(const std::string&)>, Op, bool>>{
            {BuildV2Store, CompactOp, false},
            {BuildV1Store, MigrateOp, true},
-           {BuildV2Store, PublishOp, false}}) {
+           {BuildV2Store, PublishOp, false},
+           {BuildMoeStore, RepackOp, false}}) {
     FaultHarness h(make, op, migrating);
     ASSERT_FALSE(HasFatalFailure());
     const int64_t us = MeasureMicros(make, op);
     total += RunMatrix(h, 100, us * 2, true).total();
   }
-  EXPECT_GE(total, 300);
+  EXPECT_GE(total, 400);
 }
 
 }  // namespace

@@ -350,7 +350,10 @@ TEST(Migrate, RefusesANewerStore) {
 }  // namespace loradb
 
 // ---- the checked-in v1 fixture (tests/storage/fixtures/v1_store): real v1 bytes, forever.
-// Regenerate (only when the v1 writer itself must change) with
+// Its blob files are adapter blobs as the Store writes them, so the fixture also pins the blob
+// format: once a blob format has shipped, it must stay readable (MigratesAndVerifies). It was
+// regenerated once, when the pre-release adapter blobs moved from safetensors to the packed
+// blob format. Regenerate (only for such a pre-release change) with
 //   LORADB_WRITE_V1_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V1Fixture.*'
 
 namespace loradb {
@@ -390,6 +393,128 @@ TEST(V1Fixture, MigratesAndVerifies) {
     EXPECT_NE(snap.at(absl::StrCat("rev ", id)).find("readable"), std::string::npos) << id;
   }
   EXPECT_EQ(snap.count("rev 2"), 0u);  // deleted in the fixture
+}
+
+}  // namespace
+}  // namespace loradb
+
+// ---- migrate --repack / --unpack
+
+namespace loradb {
+namespace {
+
+constexpr const char* kMoeTable = R"({"modules": [
+  {"name": "layers.0.self_attn.q_proj", "in": 8, "out": 16},
+  {"name": "layers.0.mlp.experts.0.gate_proj", "in": 8, "out": 16},
+  {"name": "layers.0.mlp.experts.1.gate_proj", "in": 8, "out": 16},
+  {"name": "layers.0.mlp.experts.2.gate_proj", "in": 8, "out": 16}]})";
+
+maint_test::Adapter MoeAdapter(float seed) {
+  maint_test::Adapter a;
+  for (int e = 0; e < 3; ++e) {
+    const std::string m = absl::StrCat("layers.0.mlp.experts.", e, ".gate_proj");
+    a.Add(m, false, 2, 8, seed + static_cast<float>(e));
+    a.Add(m, true, 16, 2, seed + 10 + static_cast<float>(e));
+  }
+  return a;
+}
+
+// Revision id -> (layout, blob hash, name -> tensor bytes) as the API returns them.
+std::map<uint64_t, std::tuple<Layout, std::string, std::map<std::string, std::string>>> Contents(
+    const std::string& dir) {
+  std::map<uint64_t, std::tuple<Layout, std::string, std::map<std::string, std::string>>> out;
+  auto s = OpenStore(dir);
+  EXPECT_NE(s, nullptr);
+  if (s == nullptr) return out;
+  auto page = s->ListAllRevisions(0, 0);
+  EXPECT_TRUE(page.ok());
+  for (const RevisionRecord& r : page->items) {
+    auto t = s->ReadTensors(r);
+    EXPECT_TRUE(t.ok()) << t.status();
+    std::map<std::string, std::string> tensors;
+    if (t.ok()) {
+      for (const TensorView& v : t->tensors()) {
+        tensors[v.name] = std::string(reinterpret_cast<const char*>(v.data), v.nbytes);
+      }
+    }
+    out[r.id] = {r.layout, r.blob.hash.Hex(), tensors};
+  }
+  return out;
+}
+
+TEST(Repack, PackAndUnpackKeepIdsAndTensors) {
+  TempDir t;
+  const std::string dir = t.file("store");
+  {
+    auto s = OpenStore(dir);
+    ASSERT_NE(s, nullptr);
+    ASSERT_TRUE(s->AddBaseFromModuleTable("moe", kMoeTable).ok());
+    ASSERT_TRUE(s->CreatePolicy("m", "moe").ok());
+    maint_test::Adapter moe = MoeAdapter(1.0f);
+    PublishOptions o;
+    o.alias = "serving";
+    ASSERT_TRUE(s->PublishTensors("m", moe.views, o).ok());  // 1
+    o.alias.clear();
+    ASSERT_TRUE(s->PublishTensors("m", moe.views, o).ok());  // 2: same blob as 1
+    Publish(*s, "m", 5.0f);                                  // 3: dense, nothing to pack
+    maint_test::Adapter other = MoeAdapter(7.0f);
+    ASSERT_TRUE(s->PublishTensors("m", other.views, o).ok());  // 4, deleted below
+    ASSERT_TRUE(s->DeleteRevision(4).ok());
+  }
+  const auto before = Contents(dir);
+  ASSERT_EQ(before.size(), 3u);
+  ASSERT_EQ(std::get<0>(before.at(1)), Layout::kPlain);
+
+  MigrateOptions o;
+  o.repack = Repack::kPack;
+  o.dry_run = true;
+  auto plan = MigrateStore(dir, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->revisions_rewritten, 2u);
+  EXPECT_EQ(plan->blobs_written, 1u);
+  EXPECT_EQ(Contents(dir), before);
+
+  o.dry_run = false;
+  auto rep = MigrateStore(dir, o);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->revisions_rewritten, 2u);
+  EXPECT_EQ(VerifyProblems(dir), "");
+  const auto packed = Contents(dir);
+  ASSERT_EQ(packed.size(), 3u);
+  for (uint64_t id : {1, 2}) {
+    EXPECT_EQ(std::get<0>(packed.at(id)), Layout::kPacked) << id;
+    EXPECT_NE(std::get<1>(packed.at(id)), std::get<1>(before.at(id))) << id;
+    EXPECT_EQ(std::get<2>(packed.at(id)), std::get<2>(before.at(id))) << id;  // same tensors
+  }
+  EXPECT_EQ(std::get<1>(packed.at(1)), std::get<1>(packed.at(2)));  // still one shared blob
+  EXPECT_EQ(packed.at(3), before.at(3));                            // dense: untouched
+  {
+    auto s = OpenStore(dir);
+    auto serving = s->GetRevisionByAlias("m", "serving");
+    ASSERT_TRUE(serving.ok());
+    EXPECT_EQ(serving->id, 1u);
+    auto ids = s->catalog().ListRevisionsByBlob(serving->blob.hash);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*ids, (std::vector<uint64_t>{1, 2}));
+    auto blob = s->catalog().GetBlob(serving->blob.hash);
+    ASSERT_TRUE(blob.ok());
+    EXPECT_EQ(blob->refcount, 2u);
+  }
+
+  o.repack = Repack::kUnpack;
+  rep = MigrateStore(dir, o);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->revisions_rewritten, 2u);
+  EXPECT_EQ(VerifyProblems(dir), "");
+  // Serialization is deterministic: unpacking gives back the very same plain blobs.
+  EXPECT_EQ(Contents(dir), before);
+
+  // Packing needs a current store.
+  TempDir t2;
+  WriteV1Store(t2.file("v1"));
+  o.repack = Repack::kPack;
+  auto old = MigrateStore(t2.file("v1"), o);
+  EXPECT_TRUE(absl::IsFailedPrecondition(old.status())) << old.status();
 }
 
 }  // namespace

@@ -136,12 +136,19 @@ void SetupMigrate(CLI::App* sub, Invocation* inv) {
     bool json = false;
     bool dry_run = false;
     bool drop_previous = false;
+    bool repack = false;
+    bool unpack = false;
     std::string blob_root;
   };
   auto args = std::make_shared<Args>();
   AddJsonFlag(sub, &args->json);
   sub->add_flag("--dry-run", args->dry_run, "report what would change; change nothing");
   sub->add_flag("--drop-previous", args->drop_previous, "do not keep the old catalog file");
+  auto* repack = sub->add_flag("--repack", args->repack,
+                               "rewrite plain-layout MoE revisions to the packed layout (same ids "
+                               "and tensors, new blobs)");
+  sub->add_flag("--unpack", args->unpack, "rewrite packed revisions back to the plain layout")
+      ->excludes(repack);
   sub->add_option("--blob-root", args->blob_root, "blob directory (default STORE/blobs)");
   sub->callback([inv, args] {
     inv->run = [inv, args]() -> absl::Status {
@@ -149,6 +156,7 @@ void SetupMigrate(CLI::App* sub, Invocation* inv) {
       o.blob_root = args->blob_root;
       o.dry_run = args->dry_run;
       o.drop_previous = args->drop_previous;
+      o.repack = args->repack ? Repack::kPack : args->unpack ? Repack::kUnpack : Repack::kNone;
       if (!args->json) o.progress = TerminalProgress();
       auto rep = MigrateStore(inv->global.store, o);
       if (!rep.ok()) return rep.status();
@@ -159,6 +167,8 @@ void SetupMigrate(CLI::App* sub, Invocation* inv) {
                    {"changes", rep->changes},
                    {"revisions", rep->revisions},
                    {"index_entries", rep->index_entries},
+                   {"revisions_rewritten", rep->revisions_rewritten},
+                   {"blobs_written", rep->blobs_written},
                    {"catalog_bytes_before", rep->catalog_bytes_before},
                    {"catalog_bytes_after", rep->catalog_bytes_after},
                    {"previous_generation", rep->previous_generation},
