@@ -3,12 +3,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "storage/catalog/catalog.h"
 #include "storage/formats/blob.h"
@@ -87,24 +89,26 @@ absl::Status DeepCatalogChecks(const Catalog& cat, StoreVerifyReport* rep) {
   auto problem = [&](std::string s) {
     if (rep->problems.size() < 1000) rep->problems.push_back(std::move(s));
   };
-  // Revision ids, live states, blob references and parents, from one ordered scan.
-  std::map<uint64_t, bool> live;
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>> by_blob;
+  // Revision ids (ascending, as the scan returns them), live states, blob references and
+  // parents, from one ordered scan. Flat containers: this runs over millions of revisions.
+  std::vector<uint64_t> ids;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>> by_blob;
   std::vector<std::pair<uint64_t, uint64_t>> parents;  // (revision, parent)
   uint64_t after = 0;
   for (;;) {
     LORADB_ASSIGN_OR_RETURN(Page<RevisionRecord> page, cat.ListRevisions(after, 4096, true));
     for (const RevisionRecord& r : page.items) {
-      live[r.id] = r.state == RevisionState::kLive;
+      ids.push_back(r.id);
       if (!r.blob.empty()) by_blob[{r.blob.hash.high, r.blob.hash.low}].push_back(r.id);
       if (r.parent != 0) parents.push_back({r.id, r.parent});
     }
     if (!page.next_after) break;
     after = *page.next_after;
   }
-  const uint64_t high_water = live.empty() ? 0 : live.rbegin()->first;
+  auto exists = [&](uint64_t id) { return std::binary_search(ids.begin(), ids.end(), id); };
+  const uint64_t high_water = ids.empty() ? 0 : ids.back();
   auto check_ref = [&](uint64_t id, const std::string& what) {
-    if (id == 0 || live.count(id)) return;
+    if (id == 0 || exists(id)) return;
     if (id < high_water) {
       ++rep->pruned_references;
     } else {
@@ -130,7 +134,7 @@ absl::Status DeepCatalogChecks(const Catalog& cat, StoreVerifyReport* rep) {
         problem(absl::StrCat(name, " points at ", a.revision,
                              " but its last log entry moved it to ", log.back().to_revision));
       }
-      if (log.front().from_revision != 0 && !live.count(log.front().from_revision) &&
+      if (log.front().from_revision != 0 && !exists(log.front().from_revision) &&
           log.front().from_revision >= high_water) {
         problem(absl::StrCat(name, "'s first log entry starts from a revision that never existed"));
       }
