@@ -103,6 +103,10 @@ absl::StatusOr<DecodeBenchResult> RunDecodeBenchmark(const DecodeBenchOptions& o
   if (o.applier != "kernel" && o.applier != "torch") {
     return absl::InvalidArgumentError("decode benchmark: applier must be kernel or torch");
   }
+  if (o.adapter_dtype != "f32" && o.adapter_dtype != "bf16") {
+    return absl::InvalidArgumentError("decode benchmark: adapter dtype must be f32 or bf16");
+  }
+  const at::ScalarType adapter_dtype = o.adapter_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3Model> model, Qwen3Model::Load(o.model_dir));
   c10::InferenceMode inference;
   const ModelConfig& c = model->config();
@@ -119,9 +123,10 @@ absl::StatusOr<DecodeBenchResult> RunDecodeBenchmark(const DecodeBenchOptions& o
       mods.push_back(
           {s.name, at::randn({o.rank, s.in}) * 0.02, at::randn({s.out, o.rank}) * 0.02, 2.0});
     }
-    LORADB_ASSIGN_OR_RETURN(LoraAdapter a, LoraAdapter::Create(c, std::move(mods), model->dtype()));
+    LORADB_ASSIGN_OR_RETURN(LoraAdapter a, LoraAdapter::Create(c, std::move(mods), adapter_dtype));
     adapters.push_back(std::move(a));
   }
+  if (o.threads > 0) at::set_num_threads(o.threads);
   KernelLoraApplier kernel(at::get_num_threads());
   if (o.applier == "kernel") model->set_lora_applier(&kernel);
 

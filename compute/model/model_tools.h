@@ -58,7 +58,11 @@ struct DecodeBenchOptions {
   int64_t num_adapters = 0;
   int64_t rank = 16;
   std::string applier = "kernel";
+  // Adapter factor dtype: "f32" or "bf16" (the serving layout).
+  std::string adapter_dtype = "f32";
   uint64_t seed = 1;
+  // LibTorch intra-op threads and the kernels' CPU threads; <= 0 leaves LibTorch's setting.
+  int threads = 1;
 };
 struct DecodeBenchResult {
   double prefill_tokens_per_s = 0;
