@@ -9,6 +9,7 @@
 // Flags: --batches=1,16,64,256 --threads=N --min-seconds=S.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -69,21 +70,29 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
   return absl::OkStatus();
 }
 
-// Median milliseconds of fn() over repetitions lasting at least min_seconds (at least 3 runs,
-// after one warm-up).
-template <typename Fn>
-absl::StatusOr<double> MedianMs(double min_seconds, Fn&& fn) {
-  absl::Status st = fn();
-  if (!st.ok()) return st;
-  std::vector<double> samples;
-  double start = NowSeconds();
-  while (samples.size() < 3 || (NowSeconds() - start < min_seconds && samples.size() < 1000)) {
-    double t0 = NowSeconds();
-    st = fn();
+// Median milliseconds of each of `fns`, timed round-robin (one run of each per round, after one
+// warm-up round) for at least min_seconds and 3 rounds, so that every variant sees the same
+// machine load (this VM is shared; a variant timed alone would see a different load).
+absl::StatusOr<std::vector<double>> InterleavedMedianMs(
+    double min_seconds, const std::vector<std::function<absl::Status()>>& fns) {
+  for (const auto& fn : fns) {
+    absl::Status st = fn();
     if (!st.ok()) return st;
-    samples.push_back((NowSeconds() - t0) * 1e3);
   }
-  return Quantile(samples, 0.5);
+  std::vector<std::vector<double>> samples(fns.size());
+  double start = NowSeconds();
+  for (size_t round = 0; round < 3 || (NowSeconds() - start < min_seconds && round < 1000);
+       ++round) {
+    for (size_t i = 0; i < fns.size(); ++i) {
+      double t0 = NowSeconds();
+      absl::Status st = fns[i]();
+      if (!st.ok()) return st;
+      samples[i].push_back((NowSeconds() - t0) * 1e3);
+    }
+  }
+  std::vector<double> medians;
+  for (auto& s : samples) medians.push_back(Quantile(s, 0.5));
+  return medians;
 }
 
 absl::Status ToStatus(const k::KernelStatus& s) {
@@ -180,37 +189,40 @@ absl::Status RunCpu(const Options& opt) {
     };
     const double ms_min = opt.min_seconds;
     Progress("batch " + std::to_string(batch));
-    auto base_ms = MedianMs(ms_min, [&] { return base(batch, y.data()); });
-    if (!base_ms.ok()) return base_ms.status();
-    auto lora1_ms = MedianMs(ms_min, [&] { return lora(one); });
-    if (!lora1_ms.ok()) return lora1_ms.status();
-    auto lora64_ms = MedianMs(ms_min, [&] { return lora(distinct); });
-    if (!lora64_ms.ok()) return lora64_ms.status();
-    auto base_lora1_ms = MedianMs(ms_min, [&] {
-      absl::Status s = base(batch, y.data());
-      return s.ok() ? lora(one) : s;
-    });
-    if (!base_lora1_ms.ok()) return base_lora1_ms.status();
-    auto base_lora64_ms = MedianMs(ms_min, [&] {
-      absl::Status s = base(batch, y.data());
-      return s.ok() ? lora(distinct) : s;
-    });
-    if (!base_lora64_ms.ok()) return base_lora64_ms.status();
-    auto ref_ms = MedianMs(ms_min, [&] {
-      return ToStatus(
-          k::reference::ShrinkExpand(xr, table, k::RowMapping::Bgmv(batch, distinct.data()), yr));
-    });
-    if (!ref_ms.ok()) return ref_ms.status();
-    double gather_ms = -1;
+    std::vector<std::function<absl::Status()>> fns = {
+        [&] { return base(batch, y.data()); },
+        [&] { return lora(one); },
+        [&] { return lora(distinct); },
+        [&] {
+          absl::Status s = base(batch, y.data());
+          return s.ok() ? lora(one) : s;
+        },
+        [&] {
+          absl::Status s = base(batch, y.data());
+          return s.ok() ? lora(distinct) : s;
+        },
+        [&] {
+          return ToStatus(k::reference::ShrinkExpand(
+              xr, table, k::RowMapping::Bgmv(batch, distinct.data()), yr));
+        },
+    };
 #if defined(LORADB_COMPUTE_AVAILABLE)
-    auto g = MedianMs(ms_min, [&] {
+    fns.push_back([&] {
       return compute::baselines::GatherBmmLora(x.data(), a.data(), b.data(), distinct.data(),
                                                scales.data(), batch, kIn, kOut, kRank, kAdapters,
                                                y.data());
     });
-    if (!g.ok()) return g.status();
-    gather_ms = *g;
 #endif
+    auto medians = InterleavedMedianMs(ms_min, fns);
+    if (!medians.ok()) return medians.status();
+    const std::vector<double>& md = *medians;
+    const double base_ms = md[0];
+    const double lora1_ms = md[1];
+    const double lora64_ms = md[2];
+    const double base_lora1_ms = md[3];
+    const double base_lora64_ms = md[4];
+    const double ref_ms = md[5];
+    const double gather_ms = md.size() > 6 ? md[6] : -1;
     const double lora_macs = static_cast<double>(batch) * kRank * (kIn + kOut);
     nlohmann::json line = {{"bench", "kernels"},
                            {"case", "cpu"},
@@ -224,22 +236,23 @@ absl::Status RunCpu(const Options& opt) {
                            {"kernel_threads", opt.threads},
                            {"base_impl", base_impl},
                            {"base_threads", base_threads},
-                           {"base_ms", *base_ms},
-                           {"base_lora1_ms", *base_lora1_ms},
-                           {"base_lora64_ms", *base_lora64_ms},
-                           {"lora1_ms", *lora1_ms},
-                           {"lora64_ms", *lora64_ms},
-                           {"reference_ms", *ref_ms},
-                           {"lora64_gflops", 2 * lora_macs / (*lora64_ms * 1e6)}};
+                           {"base_ms", base_ms},
+                           {"base_lora1_ms", base_lora1_ms},
+                           {"base_lora64_ms", base_lora64_ms},
+                           {"lora1_ms", lora1_ms},
+                           {"lora64_ms", lora64_ms},
+                           {"reference_ms", ref_ms},
+                           {"lora_only_64_vs_1_ratio", lora64_ms / lora1_ms},
+                           {"lora64_gflops", 2 * lora_macs / (lora64_ms * 1e6)}};
     if (gather_ms >= 0) line["gather_bmm_ms"] = gather_ms;
     Emit(line);
     const std::string b = "_b" + std::to_string(batch);
-    double speedup = *ref_ms / *lora64_ms;
+    double speedup = ref_ms / lora64_ms;
     EmitGoal("kernels", "fast_vs_reference_speedup" + b, speedup, ">= 5", speedup >= 5);
-    double ratio = *base_lora64_ms / *base_lora1_ms;
+    double ratio = base_lora64_ms / base_lora1_ms;
     EmitGoal("kernels", "distinct64_vs_one_adapter_cost" + b, ratio, "<= 1.5", ratio <= 1.5);
     if (gather_ms >= 0) {
-      double vs = gather_ms / *lora64_ms;
+      double vs = gather_ms / lora64_ms;
       EmitGoal("kernels", "fast_vs_gather_bmm_speedup" + b, vs, "> 1", vs > 1);
     }
   }

@@ -105,7 +105,7 @@ Plan MakePlan(const AdapterTable& w, const RowMapping& m) {
 // Below this many multiply-adds a call runs on the calling thread (waking workers costs more).
 constexpr int64_t kParallelMacs = 1 << 18;
 constexpr int32_t kShrinkChunkRows = 16;
-constexpr int32_t kExpandChunkRows = 32;
+constexpr int32_t kExpandChunkRows = 256;  // a packed B tile serves this many rows
 constexpr int64_t kExpandChunkOut = 256;
 
 class Runner {
@@ -142,13 +142,41 @@ const char* RowAddr(const void* base, DType dtype, int64_t row, int64_t stride, 
          (row * stride + col) * static_cast<int64_t>(DTypeSize(dtype));
 }
 
+// Groups this small skip the packed-tile expand: each row does a dot product per output.
+bool IsSmallGroup(const Group& g, const IsaKernels& k) { return g.end - g.begin < k.expand_rows; }
+
+// y[row, offset + o] += scale * t[row] B^T for o in [o_begin, o_end), rows [row_begin, row_end)
+// of the plan, by dot products (no packing). `acc` holds expand_tile floats.
+void ExpandRowsByDot(const IsaKernels& k, const AdapterTable& w, const Group& gr, const Plan& plan,
+                     int32_t row_begin, int32_t row_end, const float* t, int64_t t_stride,
+                     const OutputRows& y, int64_t o_begin, int64_t o_end, float* acc) {
+  const int32_t rank = w.ranks[gr.adapter];
+  const float scale = w.scales[gr.adapter];
+  const void* b = ExpertB(w, gr.adapter, gr.expert);
+  const int64_t ysize = static_cast<int64_t>(DTypeSize(y.dtype));
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += k.expand_tile) {
+    const int valid = static_cast<int>(std::min<int64_t>(k.expand_tile, o_end - o0));
+    for (int32_t r = row_begin; r < row_end; ++r) {
+      int32_t row = plan.rows[static_cast<size_t>(r)];
+      k.expand_row_dot(b, w.dtype, rank, o0, valid, t + row * t_stride, acc);
+      char* yrow = static_cast<char*>(y.data) + (row * y.stride + y.offset + o0) * ysize;
+      k.update_y(acc, valid, scale, yrow, y.dtype);
+    }
+  }
+}
+
+// Shrink; when `fused_y` is set, small groups also do their whole expand in the same work item
+// (decode: no second pass, the rank intermediate is still in L1).
 void RunShrink(Runner& run, const ConstRows& x, const AdapterTable& w, const Plan& plan, float* t,
-               int64_t t_stride) {
+               int64_t t_stride, const OutputRows* fused_y) {
   std::vector<Item> items;
   int64_t macs = 0;
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     const Group& gr = plan.groups[g];
     macs += static_cast<int64_t>(gr.end - gr.begin) * w.ranks[gr.adapter] * w.in_features;
+    if (fused_y != nullptr && IsSmallGroup(gr, run.k())) {
+      macs += static_cast<int64_t>(gr.end - gr.begin) * w.ranks[gr.adapter] * w.out_features;
+    }
     for (int32_t b = gr.begin; b < gr.end; b += kShrinkChunkRows) {
       items.push_back(
           Item{static_cast<int32_t>(g), b, std::min(gr.end, b + kShrinkChunkRows), 0, 0});
@@ -164,8 +192,8 @@ void RunShrink(Runner& run, const ConstRows& x, const AdapterTable& w, const Pla
     const bool convert_x = x.dtype != DType::kF32;
     const bool convert_a = w.dtype != DType::kF32;
     // Scratch: converted x rows, converted A rows, the output block.
-    size_t need =
-        static_cast<size_t>((convert_x ? nrows : 0) * in + (convert_a ? SK : 0) * in + SR * SK);
+    size_t need = static_cast<size_t>((convert_x ? nrows : 0) * in + (convert_a ? SK : 0) * in +
+                                      SR * SK + k.expand_tile);
     std::vector<float>& scratch = run.Scratch(thread, need);
     float* xs = scratch.data();
     float* as = xs + (convert_x ? nrows * in : 0);
@@ -212,16 +240,22 @@ void RunShrink(Runner& run, const ConstRows& x, const AdapterTable& w, const Pla
         }
       }
     }
+    if (fused_y != nullptr && IsSmallGroup(gr, k)) {
+      ExpandRowsByDot(k, w, gr, plan, it.row_begin, it.row_end, t, t_stride, *fused_y, 0,
+                      w.out_features, block + SR * SK);
+    }
   });
 }
 
+// Expand; `skip_small` leaves out the small groups a fused RunShrink already expanded.
 void RunExpand(Runner& run, const float* t, int64_t t_stride, const AdapterTable& w,
-               const Plan& plan, const OutputRows& y) {
+               const Plan& plan, const OutputRows& y, bool skip_small) {
   std::vector<Item> items;
   int64_t macs = 0;
   const int64_t out = w.out_features;
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     const Group& gr = plan.groups[g];
+    if (skip_small && IsSmallGroup(gr, run.k())) continue;
     macs += static_cast<int64_t>(gr.end - gr.begin) * w.ranks[gr.adapter] * out;
     for (int32_t b = gr.begin; b < gr.end; b += kExpandChunkRows) {
       for (int64_t o = 0; o < out; o += kExpandChunkOut) {
@@ -245,12 +279,9 @@ void RunExpand(Runner& run, const float* t, int64_t t_stride, const AdapterTable
     const int32_t nrows = it.row_end - it.row_begin;
     for (int64_t o0 = it.out_begin; o0 < it.out_end; o0 += ET) {
       const int valid = static_cast<int>(std::min<int64_t>(ET, it.out_end - o0));
-      if (nrows == 1) {  // decode: a dot product per output beats packing a transposed tile
-        int32_t row = plan.rows[static_cast<size_t>(it.row_begin)];
-        k.expand_row_dot(b, w.dtype, rank, o0, valid, t + row * t_stride, acc);
-        char* yrow = static_cast<char*>(y.data) +
-                     (row * y.stride + y.offset + o0) * static_cast<int64_t>(ysize);
-        k.update_y(acc, valid, scale, yrow, y.dtype);
+      if (nrows < ER) {  // decode: dot products per output beat packing a transposed tile
+        ExpandRowsByDot(k, w, gr, plan, it.row_begin, it.row_end, t, t_stride, y, o0, o0 + valid,
+                        acc);
         continue;
       }
       k.pack_bt(b, w.dtype, rank, o0, valid, bt);
@@ -280,7 +311,7 @@ KernelStatus Shrink(const ConstRows& x, const AdapterTable& w, const RowMapping&
   if (!s.ok()) return s;
   Plan plan = MakePlan(w, m);
   Runner run(ctx);
-  RunShrink(run, x, w, plan, t.data, t.stride);
+  RunShrink(run, x, w, plan, t.data, t.stride, /*fused_y=*/nullptr);
   return s;
 }
 
@@ -290,7 +321,7 @@ KernelStatus Expand(const RankBuffer& t, const AdapterTable& w, const RowMapping
   if (!s.ok()) return s;
   Plan plan = MakePlan(w, m);
   Runner run(ctx);
-  RunExpand(run, t.data, t.stride, w, plan, y);
+  RunExpand(run, t.data, t.stride, w, plan, y, /*skip_small=*/false);
   return s;
 }
 
@@ -307,8 +338,8 @@ KernelStatus ShrinkExpand(const ConstRows& x, const AdapterTable& w, const RowMa
   if (tbuf.size() < static_cast<size_t>(m.num_rows * stride)) {
     tbuf.resize(static_cast<size_t>(m.num_rows * stride));
   }
-  RunShrink(run, x, w, plan, tbuf.data(), stride);
-  RunExpand(run, tbuf.data(), stride, w, plan, y);
+  RunShrink(run, x, w, plan, tbuf.data(), stride, &y);
+  RunExpand(run, tbuf.data(), stride, w, plan, y, /*skip_small=*/true);
   return s;
 }
 

@@ -15,28 +15,36 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::RunItems(int thread) {
+void ThreadPool::RunItems(uint32_t gen, int64_t num_items,
+                          const std::function<void(int64_t, int)>* fn, int thread) {
   for (;;) {
-    int64_t item = next_.fetch_add(1, std::memory_order_relaxed);
-    if (item >= num_items_) return;
-    (*fn_)(item, thread);
+    uint64_t v = claim_.load(std::memory_order_acquire);
+    for (;;) {
+      if ((v >> 32) != gen || static_cast<int64_t>(v & 0xffffffffu) >= num_items) return;
+      if (claim_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) break;
+    }
+    (*fn)(static_cast<int64_t>(v & 0xffffffffu), thread);
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == num_items) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_all();
+    }
   }
 }
 
 void ThreadPool::WorkerLoop(int thread) {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
+    const std::function<void(int64_t, int)>* fn;
+    int64_t num_items;
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
+      fn = fn_;
+      num_items = num_items_;
     }
-    RunItems(thread);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--busy_workers_ == 0) done_cv_.notify_one();
-    }
+    RunItems(seen, num_items, fn, thread);
   }
 }
 
@@ -45,19 +53,19 @@ void ThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t
     for (int64_t i = 0; i < num_items; ++i) fn(i, 0);
     return;
   }
+  uint32_t gen;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    gen = ++generation_;
     fn_ = &fn;
     num_items_ = num_items;
-    next_.store(0, std::memory_order_relaxed);
-    busy_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
+    done_.store(0, std::memory_order_relaxed);
+    claim_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
   }
   work_cv_.notify_all();
-  RunItems(0);
+  RunItems(gen, num_items, &fn, 0);
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return busy_workers_ == 0; });
-  fn_ = nullptr;
+  done_cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == num_items; });
 }
 
 }  // namespace loradb::kernels::cpu_internal

@@ -13,8 +13,8 @@
 namespace loradb::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 8;                // warps per block
-constexpr int kThreads = kWarps * 32;    // threads per block
+constexpr int kWarps = 8;                    // warps per block
+constexpr int kThreads = kWarps * 32;        // threads per block
 constexpr int kFusedOutTile = 4 * kThreads;  // outputs per block in the fused kernel
 
 __device__ __forceinline__ float LoadF(const float* p, int64_t i) { return p[i]; }
@@ -107,7 +107,8 @@ __global__ void ShrinkKernel(ConstRows x, AdapterTable w, RowMapping m, RankBuff
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t k = static_cast<int32_t>(blockIdx.y) * kWarps + warp;
   if (k >= rank) return;
-  const WT* A = static_cast<const WT*>(w.a[a]) + (static_cast<int64_t>(e) * rank + k) * w.in_features;
+  const WT* A =
+      static_cast<const WT*>(w.a[a]) + (static_cast<int64_t>(e) * rank + k) * w.in_features;
   const void* x_row = static_cast<const char*>(x.data) +
                       static_cast<int64_t>(row) * x.stride * (x.dtype == DType::kF32 ? 4 : 2);
   float s = WarpShrinkDot(A, x_row, x.dtype, w.in_features, lane);

@@ -134,6 +134,26 @@ TEST(CpuFastKernels, MatchesReferenceForEveryDtypePairAndIsa) {
   cpu_internal::ForceKernelsForTesting(nullptr);
 }
 
+// x and y in different dtypes (e.g. bf16 activations accumulating into an fp32 output).
+TEST(CpuFastKernels, MixedActivationDtypes) {
+  cpu::CpuContext ctx(2);
+  const DType pairs[][2] = {
+      {DType::kBF16, DType::kF32}, {DType::kF32, DType::kBF16}, {DType::kF16, DType::kBF16}};
+  for (const auto& pr : pairs) {
+    ProblemSpec spec;
+    spec.in = 300;
+    spec.out = 170;
+    spec.rows = 21;
+    spec.x_dtype = pr[0];
+    spec.y_dtype = static_cast<int>(pr[1]);
+    spec.w_dtype = DType::kBF16;
+    spec.y_offset = 3;
+    spec.seed = 77;
+    SCOPED_TRACE(spec.Name());
+    CheckFastMatchesReference(spec, &ctx);
+  }
+}
+
 TEST(CpuFastKernels, MoeMatchesReference) {
   cpu::CpuContext ctx(2);
   for (bool segmented : {false, true}) {

@@ -78,7 +78,7 @@ class DeviceProblem {
   }
   ConstRows X() const { return ConstRows{x_, p_.spec().x_dtype, p_.spec().in}; }
   OutputRows Y() const {
-    return OutputRows{y_, p_.spec().x_dtype, p_.y_stride(), p_.spec().y_offset};
+    return OutputRows{y_, p_.spec().YType(), p_.y_stride(), p_.spec().y_offset};
   }
   RankBuffer T() const { return RankBuffer{static_cast<float*>(t_), std::max(1, p_.max_rank())}; }
   void ResetY() {
@@ -172,6 +172,25 @@ TEST(CudaKernels, MatchesReferenceForEveryDtypePair) {
       SCOPED_TRACE(spec.Name());
       CheckCudaMatchesReference(spec);
     }
+  }
+}
+
+TEST(CudaKernels, MixedActivationDtypes) {
+  SKIP_WITHOUT_GPU();
+  const DType pairs[][2] = {
+      {DType::kBF16, DType::kF32}, {DType::kF32, DType::kBF16}, {DType::kF16, DType::kBF16}};
+  for (const auto& pr : pairs) {
+    ProblemSpec spec;
+    spec.in = 300;
+    spec.out = 170;
+    spec.rows = 21;
+    spec.x_dtype = pr[0];
+    spec.y_dtype = static_cast<int>(pr[1]);
+    spec.w_dtype = DType::kBF16;
+    spec.y_offset = 3;
+    spec.seed = 77;
+    SCOPED_TRACE(spec.Name());
+    CheckCudaMatchesReference(spec);
   }
 }
 

@@ -51,7 +51,8 @@ struct ProblemSpec {
   int64_t rows = 8;
   int32_t num_adapters = 6;
   std::vector<int32_t> rank_cycle = {1, 8, 16, 64, 128, 256};  // adapter j gets rank_cycle[j % n]
-  DType x_dtype = DType::kF32;                                 // x and y
+  DType x_dtype = DType::kF32;                                 // x, and y unless y_dtype is set
+  int y_dtype = -1;  // a DType value for y, or -1: same as x
   DType w_dtype = DType::kF32;
   Popularity popularity = Popularity::kZipf;
   bool segmented = false;  // SGMV mapping (rows sorted into runs; row 0 left outside)
@@ -60,10 +61,12 @@ struct ProblemSpec {
   int64_t y_extra = 0;     // columns after the slice
   uint32_t seed = 1;
 
+  DType YType() const { return y_dtype < 0 ? x_dtype : static_cast<DType>(y_dtype); }
+
   std::string Name() const {
     return "in=" + std::to_string(in) + " out=" + std::to_string(out) +
            " rows=" + std::to_string(rows) + " adapters=" + std::to_string(num_adapters) +
-           " x/y=" + DTypeName(x_dtype) + " w=" + DTypeName(w_dtype) +
+           " x=" + DTypeName(x_dtype) + " y=" + DTypeName(YType()) + " w=" + DTypeName(w_dtype) +
            " pop=" + PopularityName(popularity) + (segmented ? " sgmv" : " bgmv") +
            " experts=" + std::to_string(experts) + " y_offset=" + std::to_string(y_offset);
   }
@@ -90,7 +93,7 @@ class Problem {
     }
     x_ = Random(spec.rows * spec.in, spec.x_dtype, 1.0f, rng);
     y_stride_ = spec.y_offset + spec.out + spec.y_extra;
-    y0_ = Random(spec.rows * y_stride_, spec.x_dtype, 1.0f, rng);
+    y0_ = Random(spec.rows * y_stride_, spec.YType(), 1.0f, rng);
 
     // Row adapters by popularity.
     std::vector<double> zipf;
@@ -192,7 +195,7 @@ class Problem {
   }
   ConstRows X() const { return ConstRows{x_.data(), spec_.x_dtype, spec_.in}; }
   OutputRows Y(std::vector<uint8_t>& y) const {
-    return OutputRows{y.data(), spec_.x_dtype, y_stride_, spec_.y_offset};
+    return OutputRows{y.data(), spec_.YType(), y_stride_, spec_.y_offset};
   }
 
   // Row i's adapter (after SGMV sorting; rows outside segments report -1).
@@ -221,7 +224,7 @@ class Problem {
     for (int64_t i = 0; i < spec_.rows; ++i) {
       for (int64_t c = 0; c < y_stride_; ++c) {
         mag[static_cast<size_t>(i * y_stride_ + c)] =
-            std::fabs(LoadAsFloat(y0_.data(), spec_.x_dtype, i * y_stride_ + c));
+            std::fabs(LoadAsFloat(y0_.data(), spec_.YType(), i * y_stride_ + c));
       }
       int32_t a = AdapterOfRow(i);
       if (a < 0) continue;
@@ -286,15 +289,15 @@ inline int64_t ExpectMatchesReference(const Problem& p, const std::vector<uint8_
                                       const std::vector<uint8_t>& want, const std::string& what) {
   const ProblemSpec& s = p.spec();
   std::vector<double> mag = p.OutputMagnitude();
-  const double rtol = RoundingTolerance(s.x_dtype);
+  const double rtol = RoundingTolerance(s.YType());
   int64_t bad = 0;
-  const size_t esz = DTypeSize(s.x_dtype);
+  const size_t esz = DTypeSize(s.YType());
   for (int64_t i = 0; i < s.rows; ++i) {
     const bool mapped = p.AdapterOfRow(i) >= 0;
     for (int64_t c = 0; c < p.y_stride(); ++c) {
       int64_t idx = i * p.y_stride() + c;
-      float g = LoadAsFloat(got.data(), s.x_dtype, idx);
-      float w = LoadAsFloat(want.data(), s.x_dtype, idx);
+      float g = LoadAsFloat(got.data(), s.YType(), idx);
+      float w = LoadAsFloat(want.data(), s.YType(), idx);
       bool in_slice = mapped && c >= s.y_offset && c < s.y_offset + s.out;
       bool ok;
       if (std::isnan(g)) {
