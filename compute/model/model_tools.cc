@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "compute/model/checkpoint.h"
 #include "compute/model/kernel_lora_applier.h"
+#include "compute/model/peft_adapter.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/util/status_macros.h"
 
@@ -66,12 +68,21 @@ absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(const LogitsReques
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3Model> model,
                           Qwen3Model::Load(request.model_dir, options));
   const int64_t n = static_cast<int64_t>(request.token_ids.size());
+  std::optional<LoraAdapter> adapter;
+  LoraBatch lora;
+  if (!request.adapter_dir.empty()) {
+    LORADB_ASSIGN_OR_RETURN(adapter,
+                            LoadPeftAdapter(model->config(), request.adapter_dir, model->dtype()));
+    lora.adapters = {&*adapter};
+  }
   std::vector<int64_t> ids = request.token_ids;
   at::Tensor all = at::from_blob(ids.data(), {n}, at::kLong).clone();
   std::vector<at::Tensor> chunks;
   if (request.prefill <= 0 || request.prefill >= n) {
     ForwardInput in;
     in.token_ids = all;
+    lora.row_slot.assign(n, 0);
+    if (adapter.has_value()) in.lora = &lora;
     LORADB_ASSIGN_OR_RETURN(ForwardOutput out, model->Forward(in));
     chunks.push_back(out.logits);
   } else {
@@ -83,6 +94,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(const LogitsReques
       ForwardInput in;
       in.token_ids = all.narrow(0, pos, len);
       in.cache_seqs = {seq};
+      lora.row_slot.assign(len, 0);
+      if (adapter.has_value()) in.lora = &lora;
       LORADB_ASSIGN_OR_RETURN(ForwardOutput out, model->Forward(in, &cache));
       chunks.push_back(out.logits);
       pos += len;

@@ -40,6 +40,8 @@ struct LogitsRequest {
   int64_t prefill = 0;
   // Compute dtype ("f32", "bf16", "f16"); empty: the checkpoint's.
   std::string dtype;
+  // A PEFT LoRA adapter directory applied to every token; empty: base only.
+  std::string adapter_dir;
 };
 // Logits at every position, [tokens][vocab], as fp32.
 [[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(
