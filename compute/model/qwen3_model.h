@@ -83,7 +83,9 @@ class Qwen3Model {
 
   // Runs the decoder. InvalidArgument for bad shapes, token ids outside the vocabulary, unknown
   // cache sequences or a malformed LoRA batch; on error the cache is unchanged. Differentiable
-  // with respect to LoRA factors (the base weights never require grad).
+  // with respect to LoRA factors (the base weights never require grad) when run without a
+  // cache: cached K/V are stored detached, so train without one. Concurrent calls are safe only
+  // with a stateless applier (the default) and distinct caches; KernelLoraApplier serialises.
   [[nodiscard]] absl::StatusOr<ForwardOutput> Forward(const ForwardInput& input,
                                                       KvCache* cache = nullptr) const;
 
@@ -106,6 +108,10 @@ class Qwen3Model {
   struct Context;  // per-forward state
 
   Qwen3Model() = default;
+  absl::StatusOr<ForwardOutput> ForwardImpl(const ForwardInput& input, KvCache* cache) const;
+  static absl::StatusOr<std::unique_ptr<Qwen3Model>> FromTensorsImpl(
+      const ModelConfig& config, std::shared_ptr<const TensorSet> tensors,
+      const LoadOptions& options);
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w) const;
   at::Tensor Project(const Context& ctx, const at::Tensor& x, const at::Tensor& w,
                      const at::Tensor& bias, int64_t layer, LoraTarget target) const;
