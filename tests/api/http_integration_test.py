@@ -102,6 +102,9 @@ class ServerTest(unittest.TestCase):
                              ("/v1/policies", "post"), ("/v1/policies/{policy}/archive", "post"),
                              ("/v1/policies/{policy}/revisions", "get"),
                              ("/v1/revisions/{id}", "get"), ("/v1/revisions/{id}", "delete"),
+                             ("/v1/revisions/{id}/tensors", "get"),
+                             ("/v1/revisions/{id}/tier", "get"),
+                             ("/v1/policies/{policy}/aliases/{alias}/locate", "get"),
                              ("/v1/policies/{policy}/aliases/{alias}", "put"),
                              ("/v1/policies/{policy}/aliases/{alias}/rollback", "post"),
                              ("/v1/policies/{policy}/aliases/{alias}/history", "get"),
@@ -117,7 +120,7 @@ class ServerTest(unittest.TestCase):
         bases = self.get("/v1/bases").json()["bases"]
         self.assertEqual([b["name"] for b in bases], ["qwen3-tiny"])
         base = self.get("/v1/bases/qwen3-tiny").json()
-        self.assertEqual(len(base["modules"]), 8)
+        self.assertEqual(len(base["modules"]), 4)
         assert_error(self, self.get("/v1/bases/nope"), 404, "not_found")
         page1 = self.get("/v1/policies?limit=2").json()
         self.assertEqual(len(page1["policies"]), 2)
@@ -149,7 +152,23 @@ class ServerTest(unittest.TestCase):
         self.assertEqual([r["seq"] for r in seen], [1, 2, 3, 4])
         rev = self.get(f"/v1/revisions/{seen[0]['id']}").json()
         self.assertEqual(rev["policy"], "team/p0")
-        self.assertEqual(rev["lora"]["r"], 8)
+        self.assertEqual(rev["lora"]["r"], 2)
+        tensors = self.get(f"/v1/revisions/{rev['id']}/tensors").json()
+        self.assertEqual(len(tensors["tensors"]), 8)
+        self.assertEqual(tensors["total_bytes"], 8 * 2 * 16 * 4)
+        t0 = tensors["tensors"][0]
+        self.assertEqual(t0["dtype"], "F32")
+        self.assertIn(t0["shape"], ([2, 16], [16, 2]))
+        tier = self.get(f"/v1/revisions/{rev['id']}/tier").json()["location"]
+        self.assertEqual(tier["tier"], "storage")
+        self.assertTrue(tier["blob_present"])
+        loc = self.get("/v1/policies/" + pol("team/p0") + "/aliases/serving/locate").json()
+        self.assertEqual(loc["base"]["name"], "qwen3-tiny")
+        self.assertEqual(loc["revision"]["id"], seen[0]["id"])
+        self.assertEqual(loc["location"]["tier"], "storage")
+        assert_error(self, self.get("/v1/revisions/999999/tensors"), 404)
+        assert_error(self, self.get("/v1/policies/" + pol("team/p0") + "/aliases/nope/locate"),
+                     404)
         self.assertEqual(rev["state"], "live")
         assert_error(self, self.get("/v1/revisions/999999"), 404, "not_found")
         assert_error(self, self.get("/v1/revisions/abc"), 400, "invalid_argument")

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "api/http/catalog_routes.h"
 #include "api/http/server.h"
-#include "storage/catalog/catalog.h"
+#include "api/http/store_routes.h"
+#include "storage/store/store.h"
 #include "tools/loradb/command.h"
 
 namespace loradb::cli {
@@ -45,15 +45,16 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   options.write_timeout_ms = args.read_timeout_ms;
   absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(options);
   if (!server.ok()) return server.status();
-  CatalogOptions catalog_options;
-  catalog_options.create_if_missing = false;
-  absl::StatusOr<std::shared_ptr<Catalog>> catalog = Catalog::Open(global.store, catalog_options);
-  if (!catalog.ok()) {
-    return absl::Status(catalog.status().code(),
+  StoreOptions store_options;
+  store_options.create_if_missing = false;
+  store_options.catalog.create_if_missing = false;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(global.store, store_options);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
                         absl::StrCat("cannot open store ", global.store, ": ",
-                                     catalog.status().message(), " (run `loradb init` first)"));
+                                     store.status().message(), " (run `loradb init` first)"));
   }
-  st = http::AddCatalogRoutes(*catalog, server->get());
+  st = http::AddStoreRoutes(std::shared_ptr<Store>(std::move(*store)), server->get());
   if (!st.ok()) return st;
 
   // SIGTERM/SIGINT are handled by one thread with sigwait; block them before any other thread
