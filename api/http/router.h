@@ -92,6 +92,9 @@ class Router {
 
   const std::vector<Route>& routes() const { return routes_; }
 
+  // Documents every path parameter called `name` with `schema` and an `example` value.
+  void SetParamSchema(const std::string& name, nlohmann::json schema, nlohmann::json example);
+
   // Adds component schemas (name -> JSON Schema) to the OpenAPI document.
   void AddSchemas(const nlohmann::json& schemas);
 
@@ -101,6 +104,7 @@ class Router {
  private:
   std::vector<Route> routes_;
   nlohmann::json schemas_ = nlohmann::json::object();
+  std::map<std::string, std::pair<nlohmann::json, nlohmann::json>> param_schemas_;
 };
 
 // True when `status` is the Resolve error meaning "known path, other method".

@@ -396,6 +396,15 @@ absl::Status AddStoreRoutes(std::shared_ptr<Store> store, Server* server) {
   auto api = std::make_shared<StoreApi>(std::move(store));
   Router* r = server->router();
   r->AddSchemas(RecordSchemas());
+  r->SetParamSchema("policy",
+                    {{"type", "string"}, {"pattern", "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$"}},
+                    "team/p0");
+  r->SetParamSchema("base",
+                    {{"type", "string"}, {"pattern", "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$"}},
+                    "qwen3-tiny");
+  r->SetParamSchema("alias", {{"type", "string"}, {"pattern", "^[A-Za-z][A-Za-z0-9_.-]{0,63}$"}},
+                    "serving");
+  r->SetParamSchema("id", {{"type", "integer"}, {"minimum", 0}}, 1);
   json policy_summary = RecordSchemas()["Policy"];
   policy_summary["properties"]["aliases"] = {{"type", "object"},
                                              {"additionalProperties", {{"type", "integer"}}}};
