@@ -267,11 +267,7 @@ absl::StatusOr<std::pair<uint64_t, AliasLogEntry>> TxnLastAliasLog(MDB_txn* txn,
 absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecord& policy,
                          const std::string& alias, uint64_t to, const std::string& reason,
                          int64_t now) {
-  LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
-  if (alias == kVirtualLatest) {
-    return absl::InvalidArgumentError(
-        "alias 'latest' is reserved: it always names the policy's newest live revision");
-  }
+  LORADB_RETURN_IF_ERROR(ValidateSettableAlias(alias));
   if (policy.archived) {
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; its aliases cannot move"));
@@ -355,10 +351,43 @@ absl::Status TxnUnrefBlob(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& r
   return Put(txn, d.blobs, k.val(), StrVal(bytes), 0, "put blob");
 }
 
+absl::StatusOr<PolicyRecord> TxnCreatePolicy(MDB_txn* txn, const Catalog::Dbis& d,
+                                             const std::string& name, const std::string& base,
+                                             const std::map<std::string, std::string>& labels,
+                                             int64_t now) {
+  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
+  MDB_val v;
+  absl::Status st = Get(txn, d.bases, StrVal(base), &v, "base");
+  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no base named '", base, "'"));
+  LORADB_RETURN_IF_ERROR(st);
+  LORADB_ASSIGN_OR_RETURN(uint64_t last, LastU64Key(txn, d.policy_by_id));
+  PolicyRecord p;
+  p.id = last + 1;
+  p.name = name;
+  p.base = base;
+  p.labels = labels;
+  p.created_us = now;
+  p.next_seq = 1;
+  U64Key id(p.id);
+  st = Put(txn, d.policies, StrVal(name), id.val(), MDB_NOOVERWRITE, "put policy name");
+  if (absl::IsAlreadyExists(st)) {
+    return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
+  }
+  LORADB_RETURN_IF_ERROR(st);
+  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, p));
+  return p;
+}
+
 absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
                                           const NewRevision& nr, const std::string& relpath,
                                           int64_t now) {
-  LORADB_ASSIGN_OR_RETURN(PolicyRecord policy, TxnGetPolicyById(txn, d, nr.policy_id));
+  PolicyRecord policy;
+  if (nr.policy_id == 0 && !nr.create_policy.empty()) {
+    LORADB_ASSIGN_OR_RETURN(
+        policy, TxnCreatePolicy(txn, d, nr.create_policy, nr.create_policy_base, {}, now));
+  } else {
+    LORADB_ASSIGN_OR_RETURN(policy, TxnGetPolicyById(txn, d, nr.policy_id));
+  }
   if (policy.archived) {
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
@@ -742,29 +771,11 @@ absl::StatusOr<std::vector<BaseRecord>> Catalog::ListBases() const {
 absl::StatusOr<PolicyRecord> Catalog::CreatePolicy(
     const std::string& name, const std::string& base,
     const std::map<std::string, std::string>& labels) {
-  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
   PolicyRecord p;
+  const int64_t now = NowMicros();
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
-    MDB_val v;
-    absl::Status st = Get(txn, dbi_->bases, StrVal(base), &v, "base");
-    if (absl::IsNotFound(st))
-      return absl::NotFoundError(absl::StrCat("no base named '", base, "'"));
-    LORADB_RETURN_IF_ERROR(st);
-    LORADB_ASSIGN_OR_RETURN(uint64_t last, LastU64Key(txn, dbi_->policy_by_id));
-    p = PolicyRecord{};
-    p.id = last + 1;
-    p.name = name;
-    p.base = base;
-    p.labels = labels;
-    p.created_us = NowMicros();
-    p.next_seq = 1;
-    U64Key id(p.id);
-    st = Put(txn, dbi_->policies, StrVal(name), id.val(), MDB_NOOVERWRITE, "put policy name");
-    if (absl::IsAlreadyExists(st)) {
-      return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
-    }
-    LORADB_RETURN_IF_ERROR(st);
-    return TxnPutPolicy(txn, *dbi_, p);
+    LORADB_ASSIGN_OR_RETURN(p, TxnCreatePolicy(txn, *dbi_, name, base, labels, now));
+    return absl::OkStatus();
   }));
   return p;
 }

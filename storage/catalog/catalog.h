@@ -43,6 +43,10 @@ struct NewRevision {
   Layout layout = Layout::kPlain;
   BlobRef blob;
   std::map<std::string, float> evals;
+  // When policy_id is 0: create the policy `create_policy` on base `create_policy_base` in the
+  // same transaction (AlreadyExists if another publisher created it first).
+  std::string create_policy;
+  std::string create_policy_base;
   // When set, this alias is moved to the new revision in the same transaction.
   std::string alias;
   std::string alias_reason = "publish";

@@ -283,14 +283,24 @@ absl::StatusOr<TensorSet> Store::ReadBlobTensors(const BlobRef& ref) const {
 absl::StatusOr<RevisionRecord> Store::PublishTensors(const std::string& policy_name,
                                                      const std::vector<TensorView>& tensors,
                                                      const PublishOptions& options) {
-  LORADB_ASSIGN_OR_RETURN(PolicyRecord policy, catalog_->GetPolicy(policy_name));
+  auto found = catalog_->GetPolicy(policy_name);
+  PolicyRecord policy;
+  if (found.ok()) {
+    policy = std::move(*found);
+  } else if (absl::IsNotFound(found.status()) && !options.create_policy_base.empty()) {
+    LORADB_RETURN_IF_ERROR(ValidatePolicyName(policy_name));
+    policy.name = policy_name;  // id 0: created in the publish transaction
+    policy.base = options.create_policy_base;
+  } else {
+    return found.status();
+  }
   if (policy.archived) {
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
   }
   LORADB_ASSIGN_OR_RETURN(BaseRecord base, catalog_->GetBase(policy.base));
   LORADB_ASSIGN_OR_RETURN(int32_t r, CheckCompatible(base, tensors));
-  if (!options.alias.empty()) LORADB_RETURN_IF_ERROR(ValidateAliasName(options.alias));
+  if (!options.alias.empty()) LORADB_RETURN_IF_ERROR(ValidateSettableAlias(options.alias));
 
   LoraSettings lora = options.lora;
   if (lora.r == 0) lora.r = r;
@@ -305,6 +315,10 @@ absl::StatusOr<RevisionRecord> Store::PublishTensors(const std::string& policy_n
 
   NewRevision nr;
   nr.policy_id = policy.id;
+  if (policy.id == 0) {
+    nr.create_policy = policy.name;
+    nr.create_policy_base = policy.base;
+  }
   nr.parent = options.parent;
   nr.source = options.source;
   nr.lora = std::move(lora);

@@ -56,6 +56,9 @@ struct Located {
 // tensors); PEFT imports take it from adapter_config.json.
 struct PublishOptions {
   std::string alias;  // moved to the new revision in the same transaction when set
+  // When the policy does not exist and this names a base: create the policy on that base in
+  // the publish transaction (nothing is created if the publish fails).
+  std::string create_policy_base;
   uint64_t parent = 0;
   RevisionSource source;
   LoraSettings lora;
