@@ -292,7 +292,9 @@ Reply ErrorReply(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kResourceExhausted ||
       status.code() == absl::StatusCode::kUnavailable) {
     uint64_t seconds = 1;
-    auto hint = status.GetPayload("retry_after_ms");
+    // storage/tiers (CpuCache) attaches its hint under this type URL.
+    auto hint = status.GetPayload("type.loradb.dev/retry_after_ms");
+    if (!hint.has_value()) hint = status.GetPayload("retry_after_ms");
     if (hint.has_value()) {
       std::string ms(*hint);
       uint64_t v = 0;

@@ -122,7 +122,8 @@ int HttpStatusFor(absl::StatusCode code);
 // The stable error code string for an absl status code, e.g. "not_found".
 std::string ErrorCodeFor(absl::StatusCode code);
 // {"error":{"code":..,"message":..}} with the matching HTTP status; ResourceExhausted gets a
-// Retry-After header (seconds, from a "retry_after_ms" status payload when present, else 1).
+// Retry-After header (seconds, rounded up, from the "type.loradb.dev/retry_after_ms" status
+// payload that storage/tiers attaches, else 1).
 Reply ErrorReply(const absl::Status& status);
 // An error reply for a status the HTTP layer itself produces (e.g. 413, 401).
 Reply ErrorReply(int http_status, const std::string& code, const std::string& message);

@@ -2,6 +2,7 @@
 #ifdef LORADB_HTTP_AVAILABLE
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstdio>
@@ -36,6 +37,11 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
     absl::StatusOr<std::string> token = http::ReadTokenFile(args.token_file);
     if (!token.ok()) return token.status();
     options.token = *token;
+    struct stat st_buf;
+    if (::stat(args.token_file.c_str(), &st_buf) == 0 && (st_buf.st_mode & 077) != 0) {
+      std::fprintf(stderr, "loradb serve: warning: token file %s is readable by group/others\n",
+                   args.token_file.c_str());
+    }
   }
   options.auth_reads = args.auth_reads;
   options.max_body_bytes = args.max_body_bytes;
