@@ -5,6 +5,7 @@
  * failure. */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -482,6 +483,73 @@ static void test_checkpoints_verify_export_reimport(void) {
   CHECK_CODE(loradb_close(&store), LORADB_OK);
 }
 
+/* Several threads share one store handle: each publishes revisions to its own policy and reads
+ * them back (tensors included) while the others do the same. */
+typedef struct {
+  loradb_store_t* store;
+  int index;
+  int failures;
+} worker_t;
+
+static void* worker_main(void* arg) {
+  worker_t* w = (worker_t*)arg;
+  char policy[32];
+  int i;
+  snprintf(policy, sizeof(policy), "team/w%d", w->index);
+  if (loradb_policy_create(w->store, policy, strlen(policy), S("tiny"), NULL, 0, NULL, NULL) !=
+      LORADB_OK) {
+    ++w->failures;
+    return NULL;
+  }
+  for (i = 0; i < 10; ++i) {
+    adapter_t ad;
+    loradb_revision_info_t info = info_init();
+    loradb_revision_info_t got = info_init();
+    loradb_tensors_t* t = NULL;
+    loradb_tensor_view_t view;
+    make_adapter(&ad, (float)(w->index * 100 + i));
+    if (loradb_publish_tensors(w->store, policy, strlen(policy), ad.t, 4, NULL, &info, NULL) !=
+            LORADB_OK ||
+        loradb_revision_get(w->store, info.id, &got, NULL) != LORADB_OK ||
+        got.seq != (uint64_t)(i + 1) ||
+        loradb_revision_read_tensors(w->store, info.id, &t, NULL) != LORADB_OK) {
+      ++w->failures;
+      continue;
+    }
+    memset(&view, 0, sizeof(view));
+    view.struct_size = sizeof(view);
+    if (loradb_tensors_find(t, ad.t[0].name, ad.t[0].name_len, &view) != LORADB_OK ||
+        memcmp(view.data, ad.a_q, sizeof(ad.a_q)) != 0) {
+      ++w->failures;
+    }
+    loradb_tensors_destroy(&t);
+  }
+  return NULL;
+}
+
+static void test_threads_share_one_store(void) {
+  loradb_store_t* store = open_fixture();
+  pthread_t threads[4];
+  worker_t workers[4];
+  int i;
+  for (i = 0; i < 4; ++i) {
+    workers[i].store = store;
+    workers[i].index = i;
+    workers[i].failures = 0;
+    CHECK(pthread_create(&threads[i], NULL, worker_main, &workers[i]) == 0);
+  }
+  for (i = 0; i < 4; ++i) {
+    CHECK(pthread_join(threads[i], NULL) == 0);
+    CHECK(workers[i].failures == 0);
+  }
+  {
+    int ok = 0;
+    CHECK_CODE(loradb_verify(store, &ok, NULL, NULL, NULL), LORADB_OK);
+    CHECK(ok == 1);
+  }
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
 int main(void) {
   make_tmp();
   run_test("version_and_status_names", test_version_and_status_names);
@@ -499,6 +567,9 @@ int main(void) {
   remove_tmp();
   make_tmp();
   run_test("checkpoints_verify_export_reimport", test_checkpoints_verify_export_reimport);
+  remove_tmp();
+  make_tmp();
+  run_test("threads_share_one_store", test_threads_share_one_store);
   remove_tmp();
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
