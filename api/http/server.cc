@@ -252,6 +252,19 @@ absl::Status Server::Bind() {
         std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     metrics_.Observe(route, req.method, res.status, end - start);
   };
+  // httplib 0.11 enforces payload_max_length only for Content-Length bodies, not chunked ones,
+  // so chunked request bodies are refused before they are read (411: send Content-Length).
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!req.has_header("Transfer-Encoding")) return httplib::Server::HandlerResponse::Unhandled;
+    Reply r = ErrorReply(411, "length_required",
+                         "chunked request bodies are not accepted; send Content-Length");
+    r.headers.emplace_back("Connection", "close");
+    res.status = r.status;
+    for (auto& [k, v] : r.headers) res.set_header(k, v);
+    res.set_content(r.body, r.content_type.c_str());
+    metrics_.Observe("unmatched", req.method, r.status, 0);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   svr.Get(".*", handler);
   svr.Post(".*", handler);
   svr.Put(".*", handler);

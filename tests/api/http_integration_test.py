@@ -288,6 +288,24 @@ class ServerTest(unittest.TestCase):
                       headers={"Content-Type": "application/json"})
         assert_error(self, r, 413, "payload_too_large")
 
+    def test_chunked_bodies_are_refused_before_reading(self):
+        # httplib does not bound chunked bodies, so the server refuses them (411) unread.
+        head = (b"POST /v1/policies HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Authorization: Bearer " + http_harness.TOKEN.encode() + b"\r\n"
+                b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n")
+        chunk = b"a" * 65536
+        body = b"".join(b"%x\r\n" % len(chunk) + chunk + b"\r\n" for _ in range(40)) + b"0\r\n\r\n"
+        try:
+            resp = raw_request(self.server.port, head + body)
+        except (ConnectionResetError, BrokenPipeError):
+            resp = b""
+        if resp:
+            self.assertTrue(resp.startswith(b"HTTP/1.1 411"), resp[:200])
+            self.assertIn(b"length_required", resp)
+        self.assertEqual(self.get("/healthz").status_code, 200)
+        resp = raw_request(self.server.port, head)
+        self.assertTrue(resp.startswith(b"HTTP/1.1 411"), resp[:200])
+
     def test_path_traversal_and_invalid_utf8_in_names(self):
         for name in [b"..", b".", b"%2e%2e", b"..%2F..%2Fetc%2Fpasswd", b"%ff", b"a%00b",
                      b"%c0%ae", b"-bad", b"a%20b", b"%zz"]:
