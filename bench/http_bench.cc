@@ -155,7 +155,10 @@ LoadResult RunLoad(int port, int connections, int per_conn,
         double t0 = NowSeconds();
         int status = make_request(rng, client);
         mine.push_back((NowSeconds() - t0) * 1e3);
-        if (status != 200) errors.fetch_add(1);
+        if (status != 200 && errors.fetch_add(1) == 0) {
+          Progress(absl::StrCat("first failed request: connection ", c, " request ", i, " after ",
+                                NowSeconds() - t0, " s"));
+        }
       }
     });
   }
@@ -209,6 +212,10 @@ absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
   options.port = 0;
   options.token = kToken;
   options.worker_threads = a.threads;
+  // The warm-up request of each connection can finish seconds before the clock starts (64
+  // serialized durable commits under load); a 5 s keep-alive would close idle ones first and
+  // their next request would fail with a read error.
+  options.keep_alive_timeout_s = 60;
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<http::Server> server, http::Server::Create(options));
   LORADB_RETURN_IF_ERROR(http::AddStoreRoutes(store, server.get()));
   LORADB_RETURN_IF_ERROR(server->Bind());
@@ -247,7 +254,9 @@ absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
             absl::StrCat("/v1/policies/", PolicyPath(seeded.policies[p]), "/aliases/serving")
                 .c_str(),
             auth, body, "application/json");
-        if (res && res->status != 200 && first_error.exchange(true) == false) {
+        if (!res && !first_error.exchange(true)) {
+          Progress(absl::StrCat("first error: transport: ", httplib::to_string(res.error())));
+        } else if (res && res->status != 200 && !first_error.exchange(true)) {
           Progress(absl::StrCat("first error: ", res->status, " ", res->body));
         }
         return res ? res->status : -1;

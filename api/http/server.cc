@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -20,6 +21,8 @@
 
 namespace loradb::http {
 namespace {
+
+constexpr int kListenBacklog = 1024;
 
 // Set on the threads that answer connections past the connection limit.
 thread_local bool tls_rejecting = false;
@@ -284,6 +287,14 @@ absl::Status Server::Bind() {
                    absl::StrCat("request rejected by the HTTP layer (status ", res.status, ")"));
     res.set_content(r.body, r.content_type.c_str());
   });
+  // The compiled cpp-httplib listens with a backlog of 5, too small for 64 clients connecting
+  // at once; keep the listening socket's fd (the socket-options hook sees it) and listen again
+  // with a larger backlog once bound.
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
   int port = options_.port;
   if (port == 0) {
     port = svr.bind_to_any_port(options_.host);
@@ -294,7 +305,11 @@ absl::Status Server::Bind() {
     return absl::UnavailableError(
         absl::StrCat("cannot bind ", options_.host, ":", port, " (in use or not permitted)"));
   }
+  svr.set_socket_options(httplib::default_socket_options);  // drop the reference to listen_fd
   port_ = port;
+  if (listen_fd >= 0 && ::listen(listen_fd, kListenBacklog) != 0) {
+    return absl::InternalError(absl::StrCat("listen(backlog ", kListenBacklog, ") failed"));
+  }
   return absl::OkStatus();
 }
 
