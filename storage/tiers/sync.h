@@ -24,9 +24,9 @@ class ABSL_LOCKABLE Mutex {
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
-    bool wake = waiters_ > 0;
+    // Notify before unlocking: a woken waiter may destroy this mutex once it can lock it.
+    if (waiters_ > 0) cv_.notify_all();
     mu_.unlock();
-    if (wake) cv_.notify_all();
   }
   // Documents (for the analysis) that the caller holds the mutex.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
