@@ -27,7 +27,7 @@ function(loradb_flatbuffers_generate target)
     set(out ${CMAKE_CURRENT_BINARY_DIR}/${name}_generated.h)
     add_custom_command(
       OUTPUT ${out}
-      COMMAND ${FLATC_EXECUTABLE} --cpp --scoped-enums --gen-object-api=false
+      COMMAND ${FLATC_EXECUTABLE} --cpp --scoped-enums
               -o ${CMAKE_CURRENT_BINARY_DIR} ${CMAKE_CURRENT_SOURCE_DIR}/${fbs}
       DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${fbs}
       COMMENT "flatc ${fbs}")

@@ -1,0 +1,1429 @@
+#include "storage/catalog/catalog.h"
+
+#include <lmdb.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "storage/catalog/codec.h"
+#include "storage/util/file_util.h"
+#include "storage/util/status_macros.h"
+
+namespace loradb {
+
+namespace codec = catalog_codec;
+
+struct Catalog::Dbis {
+  MDB_dbi meta = 0;
+  MDB_dbi bases = 0;
+  MDB_dbi policies = 0;
+  MDB_dbi policy_by_id = 0;
+  MDB_dbi revisions = 0;
+  MDB_dbi policy_revisions = 0;
+  MDB_dbi aliases = 0;
+  MDB_dbi alias_log = 0;
+  MDB_dbi checkpoints = 0;
+  MDB_dbi policy_checkpoints = 0;
+  MDB_dbi blobs = 0;
+};
+
+namespace {
+
+constexpr absl::string_view kVirtualLatest = "latest";
+
+// Set by Put/Commit helpers when LMDB reports MDB_MAP_FULL, so Update can grow and retry.
+thread_local bool tl_map_full = false;
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status LmdbError(int rc, absl::string_view what) {
+  if (rc == MDB_MAP_FULL) tl_map_full = true;
+  const std::string msg = absl::StrCat("catalog: ", what, ": ", mdb_strerror(rc));
+  switch (rc) {
+    case MDB_NOTFOUND:
+      return absl::NotFoundError(msg);
+    case MDB_KEYEXIST:
+      return absl::AlreadyExistsError(msg);
+    case MDB_MAP_FULL:
+    case MDB_READERS_FULL:
+    case MDB_TXN_FULL:
+    case ENOSPC:
+      return absl::ResourceExhaustedError(msg);
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND:
+      return absl::DataLossError(msg);
+    case MDB_VERSION_MISMATCH:
+    case MDB_INVALID:
+      return absl::FailedPreconditionError(msg);
+    default:
+      if (rc > 0) return ErrnoToStatus(rc, absl::StrCat("catalog: ", what));
+      return absl::InternalError(msg);
+  }
+}
+
+// ---- key encodings (big-endian, so memcmp order is numeric order)
+
+void PutBE64(uint8_t* p, uint64_t v) {
+  for (int i = 7; i >= 0; --i) {
+    p[i] = static_cast<uint8_t>(v & 0xff);
+    v >>= 8;
+  }
+}
+
+uint64_t GetBE64(const void* data) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+struct U64Key {
+  explicit U64Key(uint64_t v) { PutBE64(b.data(), v); }
+  MDB_val val() { return {8, b.data()}; }
+  std::array<uint8_t, 8> b;
+};
+
+// (a, b) as 16 big-endian bytes: the DUPFIXED value of the policy -> revisions/checkpoints
+// indexes, and the blob hash key.
+struct U128Key {
+  U128Key(uint64_t a, uint64_t c) {
+    PutBE64(b.data(), a);
+    PutBE64(b.data() + 8, c);
+  }
+  MDB_val val() { return {16, b.data()}; }
+  std::array<uint8_t, 16> b;
+};
+
+MDB_val StrVal(const std::string& s) { return {s.size(), const_cast<char*>(s.data())}; }
+
+codec::Bytes ValBytes(const MDB_val& v) {
+  return {static_cast<const uint8_t*>(v.mv_data), v.mv_size};
+}
+
+std::string AliasKey(uint64_t policy_id, absl::string_view alias) {
+  std::string k(8, '\0');
+  PutBE64(reinterpret_cast<uint8_t*>(k.data()), policy_id);
+  k.append(alias.data(), alias.size());
+  return k;
+}
+
+// alias_log key prefix: policy id (8) ++ alias length (1) ++ alias; entries append a BE u64.
+std::string AliasLogPrefix(uint64_t policy_id, absl::string_view alias) {
+  std::string k(9, '\0');
+  PutBE64(reinterpret_cast<uint8_t*>(k.data()), policy_id);
+  k[8] = static_cast<char>(alias.size());
+  k.append(alias.data(), alias.size());
+  return k;
+}
+
+bool HasPrefix(const MDB_val& v, const std::string& prefix) {
+  return v.mv_size >= prefix.size() && std::memcmp(v.mv_data, prefix.data(), prefix.size()) == 0;
+}
+
+// RAII cursor.
+class Cursor {
+ public:
+  Cursor(MDB_txn* txn, MDB_dbi dbi) { rc_ = mdb_cursor_open(txn, dbi, &c_); }
+  ~Cursor() {
+    if (c_ != nullptr) mdb_cursor_close(c_);
+  }
+  Cursor(const Cursor&) = delete;
+  Cursor& operator=(const Cursor&) = delete;
+  absl::Status status() const {
+    return rc_ == 0 ? absl::OkStatus() : LmdbError(rc_, "cursor open");
+  }
+  // Returns 0, MDB_NOTFOUND, or an error code.
+  int Get(MDB_val* k, MDB_val* v, MDB_cursor_op op) { return mdb_cursor_get(c_, k, v, op); }
+  MDB_cursor* get() { return c_; }
+
+ private:
+  MDB_cursor* c_ = nullptr;
+  int rc_ = 0;
+};
+
+// Get: OK with `*v` set, NotFound, or another error.
+absl::Status Get(MDB_txn* txn, MDB_dbi dbi, MDB_val k, MDB_val* v, absl::string_view what) {
+  int rc = mdb_get(txn, dbi, &k, v);
+  if (rc == 0) return absl::OkStatus();
+  return LmdbError(rc, what);
+}
+
+absl::Status Put(MDB_txn* txn, MDB_dbi dbi, MDB_val k, MDB_val v, unsigned flags,
+                 absl::string_view what) {
+  int rc = mdb_put(txn, dbi, &k, &v, flags);
+  if (rc == 0) return absl::OkStatus();
+  return LmdbError(rc, what);
+}
+
+// The largest u64 key of `dbi`, or 0 when it is empty.
+absl::StatusOr<uint64_t> LastU64Key(MDB_txn* txn, MDB_dbi dbi) {
+  Cursor c(txn, dbi);
+  LORADB_RETURN_IF_ERROR(c.status());
+  MDB_val k, v;
+  int rc = c.Get(&k, &v, MDB_LAST);
+  if (rc == MDB_NOTFOUND) return 0;
+  if (rc != 0) return LmdbError(rc, "last key");
+  if (k.mv_size != 8) return absl::DataLossError("catalog: id key is not 8 bytes");
+  return GetBE64(k.mv_data);
+}
+
+// ---- typed accessors used inside transactions
+
+absl::StatusOr<PolicyRecord> TxnGetPolicyById(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id) {
+  U64Key k(id);
+  MDB_val v;
+  absl::Status st = Get(txn, d.policy_by_id, k.val(), &v, "policy");
+  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no policy with id ", id));
+  LORADB_RETURN_IF_ERROR(st);
+  return codec::DecodePolicy(ValBytes(v));
+}
+
+absl::StatusOr<PolicyRecord> TxnGetPolicy(MDB_txn* txn, const Catalog::Dbis& d,
+                                          const std::string& name) {
+  MDB_val v;
+  absl::Status st = Get(txn, d.policies, StrVal(name), &v, "policy");
+  if (absl::IsNotFound(st))
+    return absl::NotFoundError(absl::StrCat("no policy named '", name, "'"));
+  LORADB_RETURN_IF_ERROR(st);
+  if (v.mv_size != 8) return absl::DataLossError("catalog: policy name entry is not 8 bytes");
+  return TxnGetPolicyById(txn, d, GetBE64(v.mv_data));
+}
+
+absl::Status TxnPutPolicy(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecord& p) {
+  U64Key k(p.id);
+  const std::string bytes = codec::EncodePolicy(p);
+  return Put(txn, d.policy_by_id, k.val(), StrVal(bytes), 0, "put policy");
+}
+
+absl::StatusOr<RevisionRecord> TxnGetRevision(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id) {
+  U64Key k(id);
+  MDB_val v;
+  absl::Status st = Get(txn, d.revisions, k.val(), &v, "revision");
+  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no revision with id ", id));
+  LORADB_RETURN_IF_ERROR(st);
+  return codec::DecodeRevision(ValBytes(v));
+}
+
+absl::Status TxnPutRevision(MDB_txn* txn, const Catalog::Dbis& d, const RevisionRecord& r,
+                            unsigned flags) {
+  U64Key k(r.id);
+  const std::string bytes = codec::EncodeRevision(r);
+  return Put(txn, d.revisions, k.val(), StrVal(bytes), flags, "put revision");
+}
+
+// Looks up the alias; NotFound when unset.
+absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
+                                     const std::string& alias) {
+  const std::string key = AliasKey(policy_id, alias);
+  MDB_val v;
+  absl::Status st = Get(txn, d.aliases, StrVal(key), &v, "alias");
+  if (absl::IsNotFound(st))
+    return absl::NotFoundError(absl::StrCat("alias '", alias, "' is not set"));
+  LORADB_RETURN_IF_ERROR(st);
+  if (v.mv_size != 8) return absl::DataLossError("catalog: alias value is not 8 bytes");
+  return GetBE64(v.mv_data);
+}
+
+// The last log entry of an alias and its number; NotFound when the log is empty.
+absl::StatusOr<std::pair<uint64_t, AliasLogEntry>> TxnLastAliasLog(MDB_txn* txn,
+                                                                   const Catalog::Dbis& d,
+                                                                   uint64_t policy_id,
+                                                                   const std::string& alias) {
+  const std::string prefix = AliasLogPrefix(policy_id, alias);
+  std::string probe = prefix + std::string(8, '\xff');
+  Cursor c(txn, d.alias_log);
+  LORADB_RETURN_IF_ERROR(c.status());
+  MDB_val k = StrVal(probe), v;
+  int rc = c.Get(&k, &v, MDB_SET_RANGE);
+  if (rc == 0) {
+    rc = c.Get(&k, &v, MDB_PREV);
+  } else if (rc == MDB_NOTFOUND) {
+    rc = c.Get(&k, &v, MDB_LAST);
+  }
+  if (rc == MDB_NOTFOUND ||
+      (rc == 0 && (!HasPrefix(k, prefix) || k.mv_size != prefix.size() + 8))) {
+    return absl::NotFoundError(absl::StrCat("alias '", alias, "' has no log"));
+  }
+  if (rc != 0) return LmdbError(rc, "alias log");
+  const uint64_t n = GetBE64(static_cast<const uint8_t*>(k.mv_data) + prefix.size());
+  LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(ValBytes(v)));
+  e.alias = alias;
+  return std::make_pair(n, std::move(e));
+}
+
+absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecord& policy,
+                         const std::string& alias, uint64_t to, const std::string& reason,
+                         int64_t now) {
+  LORADB_RETURN_IF_ERROR(ValidateSettableAlias(alias));
+  if (policy.archived) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("policy '", policy.name, "' is archived; its aliases cannot move"));
+  }
+  LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, TxnGetRevision(txn, d, to));
+  if (rev.policy_id != policy.id) {
+    return absl::InvalidArgumentError(absl::StrCat("revision ", to,
+                                                   " belongs to another policy (id ", rev.policy_id,
+                                                   "), not '", policy.name, "'"));
+  }
+  if (rev.state != RevisionState::kLive) {
+    return absl::FailedPreconditionError(absl::StrCat("revision ", to, " is deleted"));
+  }
+  uint64_t from = 0;
+  auto cur = TxnGetAlias(txn, d, policy.id, alias);
+  if (cur.ok()) {
+    from = *cur;
+  } else if (!absl::IsNotFound(cur.status())) {
+    return cur.status();
+  }
+  if (from == to) return absl::OkStatus();
+  const std::string key = AliasKey(policy.id, alias);
+  U64Key val(to);
+  LORADB_RETURN_IF_ERROR(Put(txn, d.aliases, StrVal(key), val.val(), 0, "put alias"));
+  uint64_t n = 1;
+  auto last = TxnLastAliasLog(txn, d, policy.id, alias);
+  if (last.ok()) {
+    n = last->first + 1;
+  } else if (!absl::IsNotFound(last.status())) {
+    return last.status();
+  }
+  std::string log_key = AliasLogPrefix(policy.id, alias) + std::string(8, '\0');
+  PutBE64(reinterpret_cast<uint8_t*>(log_key.data()) + log_key.size() - 8, n);
+  AliasLogEntry e;
+  e.time_us = now;
+  e.from_revision = from;
+  e.to_revision = to;
+  e.reason = reason;
+  const std::string bytes = codec::EncodeAliasLogEntry(e);
+  return Put(txn, d.alias_log, StrVal(log_key), StrVal(bytes), MDB_NOOVERWRITE, "put alias log");
+}
+
+// Takes one reference on the blob `ref`, creating its record when absent.
+absl::Status TxnRefBlob(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& ref,
+                        const std::string& relpath, BlobKind kind) {
+  if (ref.empty()) return absl::OkStatus();
+  U128Key k(ref.hash.high, ref.hash.low);
+  MDB_val v;
+  BlobRecord b;
+  absl::Status st = Get(txn, d.blobs, k.val(), &v, "blob");
+  if (st.ok()) {
+    LORADB_ASSIGN_OR_RETURN(b, codec::DecodeBlob(ValBytes(v)));
+    if (b.bytes != ref.bytes) {
+      return absl::DataLossError(absl::StrCat("blob ", ref.hash.Hex(), " is recorded with ",
+                                              b.bytes, " bytes but referenced with ", ref.bytes));
+    }
+    ++b.refcount;
+  } else if (absl::IsNotFound(st)) {
+    b.relpath = relpath.empty() ? BlobRelPath(ref.hash) : relpath;
+    b.bytes = ref.bytes;
+    b.refcount = 1;
+    b.kind = kind;
+  } else {
+    return st;
+  }
+  const std::string bytes = codec::EncodeBlob(b);
+  return Put(txn, d.blobs, k.val(), StrVal(bytes), 0, "put blob");
+}
+
+absl::Status TxnUnrefBlob(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& ref) {
+  if (ref.empty()) return absl::OkStatus();
+  U128Key k(ref.hash.high, ref.hash.low);
+  MDB_val v;
+  LORADB_RETURN_IF_ERROR(Get(txn, d.blobs, k.val(), &v, "blob"));
+  LORADB_ASSIGN_OR_RETURN(BlobRecord b, codec::DecodeBlob(ValBytes(v)));
+  if (b.refcount == 0) {
+    return absl::DataLossError(absl::StrCat("blob ", ref.hash.Hex(), " refcount underflow"));
+  }
+  --b.refcount;
+  const std::string bytes = codec::EncodeBlob(b);
+  return Put(txn, d.blobs, k.val(), StrVal(bytes), 0, "put blob");
+}
+
+absl::StatusOr<PolicyRecord> TxnCreatePolicy(MDB_txn* txn, const Catalog::Dbis& d,
+                                             const std::string& name, const std::string& base,
+                                             const std::map<std::string, std::string>& labels,
+                                             int64_t now) {
+  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
+  MDB_val v;
+  absl::Status st = Get(txn, d.bases, StrVal(base), &v, "base");
+  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no base named '", base, "'"));
+  LORADB_RETURN_IF_ERROR(st);
+  LORADB_ASSIGN_OR_RETURN(uint64_t last, LastU64Key(txn, d.policy_by_id));
+  PolicyRecord p;
+  p.id = last + 1;
+  p.name = name;
+  p.base = base;
+  p.labels = labels;
+  p.created_us = now;
+  p.next_seq = 1;
+  U64Key id(p.id);
+  st = Put(txn, d.policies, StrVal(name), id.val(), MDB_NOOVERWRITE, "put policy name");
+  if (absl::IsAlreadyExists(st)) {
+    return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
+  }
+  LORADB_RETURN_IF_ERROR(st);
+  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, p));
+  return p;
+}
+
+absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
+                                          const NewRevision& nr, const std::string& relpath,
+                                          int64_t now) {
+  PolicyRecord policy;
+  if (nr.policy_id == 0 && !nr.create_policy.empty()) {
+    LORADB_ASSIGN_OR_RETURN(
+        policy, TxnCreatePolicy(txn, d, nr.create_policy, nr.create_policy_base, {}, now));
+  } else {
+    LORADB_ASSIGN_OR_RETURN(policy, TxnGetPolicyById(txn, d, nr.policy_id));
+  }
+  if (policy.archived) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
+  }
+  if (nr.parent != 0) {
+    LORADB_RETURN_IF_ERROR(TxnGetRevision(txn, d, nr.parent).status());
+  }
+  LORADB_ASSIGN_OR_RETURN(uint64_t last_id, LastU64Key(txn, d.revisions));
+  RevisionRecord r;
+  r.id = last_id + 1;
+  r.policy_id = policy.id;
+  r.seq = policy.next_seq;
+  r.base = policy.base;
+  r.parent = nr.parent;
+  r.source = nr.source;
+  r.lora = nr.lora;
+  r.dtype = nr.dtype;
+  r.layout = nr.layout;
+  r.blob = nr.blob;
+  r.created_us = now;
+  r.state = RevisionState::kLive;
+  r.evals = nr.evals;
+  ++policy.next_seq;
+  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, policy));
+  LORADB_RETURN_IF_ERROR(TxnPutRevision(txn, d, r, MDB_APPEND));
+  U64Key pk(policy.id);
+  U128Key entry(r.seq, r.id);
+  LORADB_RETURN_IF_ERROR(
+      Put(txn, d.policy_revisions, pk.val(), entry.val(), 0, "put policy revision index"));
+  LORADB_RETURN_IF_ERROR(TxnRefBlob(txn, d, r.blob, relpath, BlobKind::kAdapter));
+  if (!nr.alias.empty()) {
+    LORADB_RETURN_IF_ERROR(TxnSetAlias(txn, d, policy, nr.alias, r.id, nr.alias_reason, now));
+  }
+  return r;
+}
+
+// Registry of open environments in this process, keyed by the canonical directory.
+absl::Mutex& RegistryMutex() {
+  static auto* mu = new absl::Mutex();
+  return *mu;
+}
+std::map<std::string, std::weak_ptr<Catalog>>& Registry() {
+  static auto* r = new std::map<std::string, std::weak_ptr<Catalog>>();
+  return *r;
+}
+
+std::string NewStoreId() {
+  std::random_device rd;
+  std::mt19937_64 gen((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(NowMicros()) ^
+                      static_cast<uint64_t>(getpid()));
+  return Hash128{gen(), gen()}.Hex();
+}
+
+}  // namespace
+
+// ---- lifecycle
+
+Catalog::Catalog(std::string dir, const CatalogOptions& options)
+    : dir_(std::move(dir)), options_(options), dbi_(std::make_unique<Dbis>()), pid_(getpid()) {}
+
+Catalog::~Catalog() {
+  {
+    absl::MutexLock lock(&pool_mu_);
+    for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
+    read_pool_.clear();
+  }
+  if (env_ != nullptr) mdb_env_close(env_);
+}
+
+absl::StatusOr<std::shared_ptr<Catalog>> Catalog::Open(const std::string& dir,
+                                                       const CatalogOptions& options) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (!options.create_if_missing) {
+      return absl::NotFoundError(absl::StrCat("catalog: no store at '", dir, "'"));
+    }
+    LORADB_RETURN_IF_ERROR(CreateDirectories(dir));
+  }
+  char* real = ::realpath(dir.c_str(), nullptr);
+  if (real == nullptr) return ErrnoToStatus(errno, absl::StrCat("catalog: realpath ", dir));
+  std::string canonical(real);
+  std::free(real);
+
+  absl::MutexLock lock(&RegistryMutex());
+  auto it = Registry().find(canonical);
+  if (it != Registry().end()) {
+    if (auto existing = it->second.lock()) {
+      if (existing->pid_ != getpid()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("catalog: the environment of '", dir,
+                         "' was opened before fork(); reopen it in the "
+                         "child is not allowed while the parent's handle is alive"));
+      }
+      return existing;
+    }
+  }
+  std::shared_ptr<Catalog> c(new Catalog(canonical, options));
+  LORADB_RETURN_IF_ERROR(c->Init());
+  Registry()[canonical] = c;
+  return c;
+}
+
+absl::Status Catalog::Init() {
+  const std::string env_dir = dir_ + "/catalog";
+  struct stat sb;
+  const bool exists = ::stat((env_dir + "/data.mdb").c_str(), &sb) == 0;
+  if (!exists && !options_.create_if_missing) {
+    return absl::NotFoundError(absl::StrCat("catalog: no catalog in '", dir_, "'"));
+  }
+  LORADB_RETURN_IF_ERROR(CreateDirectories(env_dir));
+  int rc = mdb_env_create(&env_);
+  if (rc != 0) return LmdbError(rc, "env create");
+  mdb_env_set_maxdbs(env_, 16);
+  mdb_env_set_maxreaders(env_, 512);
+  rc = mdb_env_set_mapsize(env_, options_.initial_map_bytes);
+  if (rc != 0) return LmdbError(rc, "set map size");
+  unsigned flags = MDB_NOTLS;
+  if (options_.no_sync) flags |= MDB_NOSYNC;
+  rc = mdb_env_open(env_, env_dir.c_str(), flags, 0644);
+  if (rc != 0) return LmdbError(rc, absl::StrCat("open ", env_dir));
+  int dead = 0;
+  rc = mdb_reader_check(env_, &dead);
+  if (rc != 0) return LmdbError(rc, "reader check");
+
+  // Existing store: open the named databases in a read transaction; otherwise create them.
+  auto open_all = [&](MDB_txn* txn, unsigned create) -> absl::Status {
+    struct {
+      const char* name;
+      MDB_dbi* dbi;
+      unsigned flags;
+    } dbs[] = {
+        {"meta", &dbi_->meta, 0},
+        {"bases", &dbi_->bases, 0},
+        {"policies", &dbi_->policies, 0},
+        {"policy_by_id", &dbi_->policy_by_id, 0},
+        {"revisions", &dbi_->revisions, 0},
+        {"policy_revisions", &dbi_->policy_revisions, MDB_DUPSORT | MDB_DUPFIXED},
+        {"aliases", &dbi_->aliases, 0},
+        {"alias_log", &dbi_->alias_log, 0},
+        {"checkpoints", &dbi_->checkpoints, 0},
+        {"policy_checkpoints", &dbi_->policy_checkpoints, MDB_DUPSORT | MDB_DUPFIXED},
+        {"blobs", &dbi_->blobs, 0},
+    };
+    for (auto& db : dbs) {
+      int r = mdb_dbi_open(txn, db.name, db.flags | create, db.dbi);
+      if (r != 0) return LmdbError(r, absl::StrCat("open database ", db.name));
+    }
+    return absl::OkStatus();
+  };
+  auto read_meta = [&](MDB_txn* txn) -> absl::Status {
+    MDB_val v;
+    std::string k = "schema_version";
+    LORADB_RETURN_IF_ERROR(Get(txn, dbi_->meta, StrVal(k), &v, "meta schema_version"));
+    if (v.mv_size != 8) return absl::DataLossError("catalog: bad schema_version entry");
+    const uint64_t version = GetBE64(v.mv_data);
+    if (version > kCatalogSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "catalog: store '", dir_, "' has schema version ", version,
+          ", newer than this build supports (", kCatalogSchemaVersion, "); upgrade loradb"));
+    }
+    if (version < kCatalogSchemaVersion) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("catalog: store '", dir_, "' has schema version ", version,
+                       "; run `loradb migrate` to move it to ", kCatalogSchemaVersion));
+    }
+    k = "store_id";
+    LORADB_RETURN_IF_ERROR(Get(txn, dbi_->meta, StrVal(k), &v, "meta store_id"));
+    store_id_.assign(static_cast<const char*>(v.mv_data), v.mv_size);
+    return absl::OkStatus();
+  };
+
+  MDB_txn* txn = nullptr;
+  rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+  if (rc != 0) return LmdbError(rc, "begin read");
+  absl::Status st = open_all(txn, 0);
+  if (st.ok()) {
+    st = read_meta(txn);
+    if (st.ok()) {
+      rc = mdb_txn_commit(txn);  // makes the dbi handles visible to later transactions
+      if (rc != 0) return LmdbError(rc, "commit open");
+      return absl::OkStatus();
+    }
+  }
+  mdb_txn_abort(txn);
+  if (!absl::IsNotFound(st)) return st;
+
+  // A fresh environment: create the databases and write meta.
+  rc = mdb_txn_begin(env_, nullptr, 0, &txn);
+  if (rc != 0) return LmdbError(rc, "begin write");
+  st = open_all(txn, MDB_CREATE);
+  if (st.ok()) {
+    // Another process may have initialised it between our two transactions.
+    st = read_meta(txn);
+    if (absl::IsNotFound(st)) {
+      store_id_ = NewStoreId();
+      U64Key ver(kCatalogSchemaVersion);
+      st = Put(txn, dbi_->meta, StrVal("schema_version"), ver.val(), 0, "put meta");
+      if (st.ok()) st = Put(txn, dbi_->meta, StrVal("store_id"), StrVal(store_id_), 0, "put meta");
+      if (st.ok()) {
+        U64Key created(static_cast<uint64_t>(NowMicros()));
+        st = Put(txn, dbi_->meta, StrVal("created_us"), created.val(), 0, "put meta");
+      }
+    }
+  }
+  if (!st.ok()) {
+    mdb_txn_abort(txn);
+    return st;
+  }
+  rc = mdb_txn_commit(txn);
+  if (rc != 0) return LmdbError(rc, "commit create");
+  return absl::OkStatus();
+}
+
+// ---- transactions
+
+MDB_txn* Catalog::AcquireReadTxn() const {
+  {
+    absl::MutexLock lock(&pool_mu_);
+    while (!read_pool_.empty()) {
+      MDB_txn* t = read_pool_.back();
+      read_pool_.pop_back();
+      if (mdb_txn_renew(t) == 0) return t;
+      mdb_txn_abort(t);
+    }
+  }
+  return nullptr;
+}
+
+void Catalog::ReleaseReadTxn(MDB_txn* txn) const {
+  mdb_txn_reset(txn);
+  absl::MutexLock lock(&pool_mu_);
+  if (read_pool_.size() < 64) {
+    read_pool_.push_back(txn);
+  } else {
+    mdb_txn_abort(txn);
+  }
+}
+
+absl::Status Catalog::GrowMap(uint64_t at_least) {
+  absl::WriterMutexLock lock(&resize_mu_);
+  {
+    absl::MutexLock pool_lock(&pool_mu_);
+    for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
+    read_pool_.clear();
+  }
+  MDB_envinfo info;
+  mdb_env_info(env_, &info);
+  uint64_t size = info.me_mapsize;
+  if (at_least > 0) {
+    while (size < at_least) size *= 2;
+  }
+  // 0 adopts the size another process set; otherwise grow.
+  int rc = mdb_env_set_mapsize(env_, static_cast<size_t>(at_least > 0 ? size : 0));
+  if (rc != 0) return LmdbError(rc, "grow map");
+  return absl::OkStatus();
+}
+
+absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) const {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    bool resized = false;
+    {
+      absl::ReaderMutexLock lock(&resize_mu_);
+      MDB_txn* txn = AcquireReadTxn();
+      if (txn == nullptr) {
+        int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+        if (rc == MDB_MAP_RESIZED) {
+          resized = true;
+        } else if (rc != 0) {
+          return LmdbError(rc, "begin read");
+        }
+      }
+      if (!resized) {
+        absl::Status st = fn(txn);
+        ReleaseReadTxn(txn);
+        return st;
+      }
+    }
+    LORADB_RETURN_IF_ERROR(const_cast<Catalog*>(this)->GrowMap(0));
+  }
+  return absl::InternalError("catalog: map kept resizing under a reader");
+}
+
+absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
+  for (int attempt = 0; attempt < 32; ++attempt) {
+    uint64_t grow_to = 0;
+    bool adopt = false;
+    {
+      absl::ReaderMutexLock lock(&resize_mu_);
+      MDB_txn* txn = nullptr;
+      int rc = mdb_txn_begin(env_, nullptr, 0, &txn);
+      if (rc == MDB_MAP_RESIZED) {
+        adopt = true;
+      } else if (rc != 0) {
+        return LmdbError(rc, "begin write");
+      } else {
+        tl_map_full = false;
+        absl::Status st = fn(txn);
+        if (st.ok()) {
+          rc = mdb_txn_commit(txn);
+          if (rc == 0) return absl::OkStatus();
+          st = LmdbError(rc, "commit");
+        } else {
+          mdb_txn_abort(txn);
+        }
+        if (!tl_map_full) return st;
+        MDB_envinfo info;
+        mdb_env_info(env_, &info);
+        grow_to = static_cast<uint64_t>(info.me_mapsize) * 2;
+      }
+    }
+    // No transaction of this call is open here.
+    LORADB_RETURN_IF_ERROR(GrowMap(adopt ? 0 : grow_to));
+  }
+  return absl::ResourceExhaustedError("catalog: map full after repeated growth");
+}
+
+// ---- bases
+
+absl::Status Catalog::PutBase(BaseRecord base) {
+  LORADB_RETURN_IF_ERROR(ValidateBaseName(base.name));
+  if (base.modules.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("base '", base.name, "' has an empty module table"));
+  }
+  std::sort(base.modules.begin(), base.modules.end(),
+            [](const ModuleShape& a, const ModuleShape& b) { return a.name < b.name; });
+  for (size_t i = 0; i < base.modules.size(); ++i) {
+    const auto& m = base.modules[i];
+    if (m.name.empty() || m.in <= 0 || m.out <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("base '", base.name, "': module '", m.name,
+                                                     "' needs a name and positive in/out"));
+    }
+    if (i > 0 && base.modules[i - 1].name == m.name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("base '", base.name, "': module '", m.name, "' is listed twice"));
+    }
+  }
+  if (base.created_us == 0) base.created_us = NowMicros();
+  const std::string bytes = codec::EncodeBase(base);
+  return Update([&](MDB_txn* txn) -> absl::Status {
+    absl::Status st =
+        Put(txn, dbi_->bases, StrVal(base.name), StrVal(bytes), MDB_NOOVERWRITE, "put base");
+    if (absl::IsAlreadyExists(st)) {
+      return absl::AlreadyExistsError(absl::StrCat("base '", base.name, "' already exists"));
+    }
+    return st;
+  });
+}
+
+absl::StatusOr<BaseRecord> Catalog::GetBase(const std::string& name) const {
+  BaseRecord out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    MDB_val v;
+    absl::Status st = Get(txn, dbi_->bases, StrVal(name), &v, "base");
+    if (absl::IsNotFound(st))
+      return absl::NotFoundError(absl::StrCat("no base named '", name, "'"));
+    LORADB_RETURN_IF_ERROR(st);
+    LORADB_ASSIGN_OR_RETURN(out, codec::DecodeBase(ValBytes(v)));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::vector<BaseRecord>> Catalog::ListBases() const {
+  std::vector<BaseRecord> out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->bases);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+      LORADB_ASSIGN_OR_RETURN(BaseRecord b, codec::DecodeBase(ValBytes(v)));
+      out.push_back(std::move(b));
+    }
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+// ---- policies
+
+absl::StatusOr<PolicyRecord> Catalog::CreatePolicy(
+    const std::string& name, const std::string& base,
+    const std::map<std::string, std::string>& labels) {
+  PolicyRecord p;
+  const int64_t now = NowMicros();
+  LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(p, TxnCreatePolicy(txn, *dbi_, name, base, labels, now));
+    return absl::OkStatus();
+  }));
+  return p;
+}
+
+absl::StatusOr<PolicyRecord> Catalog::GetPolicy(const std::string& name) const {
+  PolicyRecord out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(out, TxnGetPolicy(txn, *dbi_, name));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<PolicyRecord> Catalog::GetPolicyById(uint64_t id) const {
+  PolicyRecord out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(out, TxnGetPolicyById(txn, *dbi_, id));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::vector<PolicyRecord>> Catalog::ListPolicies() const {
+  std::vector<PolicyRecord> out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->policy_by_id);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+      LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v)));
+      out.push_back(std::move(p));
+    }
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::Status Catalog::SetPolicyArchived(const std::string& name, bool archived) {
+  return Update([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnGetPolicy(txn, *dbi_, name));
+    if (p.archived == archived) return absl::OkStatus();
+    p.archived = archived;
+    return TxnPutPolicy(txn, *dbi_, p);
+  });
+}
+
+// ---- revisions
+
+absl::StatusOr<RevisionRecord> Catalog::Publish(const NewRevision& rev,
+                                                const std::string& blob_relpath) {
+  RevisionRecord out;
+  const int64_t now = NowMicros();
+  LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(out, TxnPublish(txn, *dbi_, rev, blob_relpath, now));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::vector<uint64_t>> Catalog::PublishBatch(
+    std::span<const NewRevision> revs, std::span<const std::string> blob_relpaths) {
+  if (!blob_relpaths.empty() && blob_relpaths.size() != revs.size()) {
+    return absl::InvalidArgumentError("PublishBatch: one blob path per revision (or none)");
+  }
+  std::vector<uint64_t> ids;
+  const int64_t now = NowMicros();
+  static const std::string kNoPath;
+  LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
+    ids.clear();
+    ids.reserve(revs.size());
+    for (size_t i = 0; i < revs.size(); ++i) {
+      LORADB_ASSIGN_OR_RETURN(
+          RevisionRecord r,
+          TxnPublish(txn, *dbi_, revs[i], blob_relpaths.empty() ? kNoPath : blob_relpaths[i], now));
+      ids.push_back(r.id);
+    }
+    return absl::OkStatus();
+  }));
+  return ids;
+}
+
+absl::StatusOr<RevisionRecord> Catalog::GetRevision(uint64_t id) const {
+  RevisionRecord out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(out, TxnGetRevision(txn, *dbi_, id));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<RevisionRecord> Catalog::GetRevisionBySeq(uint64_t policy_id, uint64_t seq) const {
+  RevisionRecord out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->policy_revisions);
+    LORADB_RETURN_IF_ERROR(c.status());
+    U64Key pk(policy_id);
+    U128Key probe(seq, 0);
+    MDB_val k = pk.val(), v = probe.val();
+    int rc = c.Get(&k, &v, MDB_GET_BOTH_RANGE);
+    if (rc == MDB_NOTFOUND || (rc == 0 && (v.mv_size != 16 || GetBE64(v.mv_data) != seq))) {
+      return absl::NotFoundError(
+          absl::StrCat("policy id ", policy_id, " has no revision with seq ", seq));
+    }
+    if (rc != 0) return LmdbError(rc, "policy revision index");
+    LORADB_ASSIGN_OR_RETURN(
+        out, TxnGetRevision(txn, *dbi_, GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8)));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<RevisionRecord> Catalog::GetRevisionByAlias(uint64_t policy_id,
+                                                           const std::string& alias) const {
+  RevisionRecord out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    if (alias == kVirtualLatest) {
+      Cursor c(txn, dbi_->policy_revisions);
+      LORADB_RETURN_IF_ERROR(c.status());
+      U64Key pk(policy_id);
+      MDB_val k = pk.val(), v;
+      int rc = c.Get(&k, &v, MDB_SET);
+      if (rc == 0) rc = c.Get(&k, &v, MDB_LAST_DUP);
+      while (rc == 0) {
+        LORADB_ASSIGN_OR_RETURN(
+            out, TxnGetRevision(txn, *dbi_, GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8)));
+        if (out.state == RevisionState::kLive) return absl::OkStatus();
+        rc = c.Get(&k, &v, MDB_PREV_DUP);
+      }
+      if (rc != MDB_NOTFOUND) return LmdbError(rc, "policy revision index");
+      return absl::NotFoundError(
+          absl::StrCat("policy id ", policy_id, " has no live revision (alias 'latest')"));
+    }
+    auto id = TxnGetAlias(txn, *dbi_, policy_id, alias);
+    if (!id.ok()) return id.status();
+    LORADB_ASSIGN_OR_RETURN(out, TxnGetRevision(txn, *dbi_, *id));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<Page<RevisionRecord>> Catalog::ListPolicyRevisions(uint64_t policy_id,
+                                                                  uint64_t after_seq, size_t limit,
+                                                                  bool include_deleted) const {
+  Page<RevisionRecord> page;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    page = {};
+    Cursor c(txn, dbi_->policy_revisions);
+    LORADB_RETURN_IF_ERROR(c.status());
+    if (after_seq == UINT64_MAX) return absl::OkStatus();
+    U64Key pk(policy_id);
+    U128Key probe(after_seq + 1, 0);
+    MDB_val k = pk.val(), v = probe.val();
+    // Only this policy's duplicates are touched: (seq, id) entries in seq order.
+    int rc = c.Get(&k, &v, MDB_GET_BOTH_RANGE);
+    if (rc == MDB_NOTFOUND) return absl::OkStatus();
+    if (rc != 0) return LmdbError(rc, "policy revision index");
+    while (rc == 0) {
+      if (limit > 0 && page.items.size() >= limit) {
+        page.next_after = page.items.back().seq;
+        return absl::OkStatus();
+      }
+      const auto* e = static_cast<const uint8_t*>(v.mv_data);
+      LORADB_ASSIGN_OR_RETURN(RevisionRecord r, TxnGetRevision(txn, *dbi_, GetBE64(e + 8)));
+      if (include_deleted || r.state == RevisionState::kLive) page.items.push_back(std::move(r));
+      rc = c.Get(&k, &v, MDB_NEXT_DUP);
+    }
+    if (rc != MDB_NOTFOUND) return LmdbError(rc, "policy revision index");
+    return absl::OkStatus();
+  }));
+  return page;
+}
+
+absl::StatusOr<Page<RevisionRecord>> Catalog::ListRevisions(uint64_t after_id, size_t limit,
+                                                            bool include_deleted) const {
+  Page<RevisionRecord> page;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    page = {};
+    if (after_id == UINT64_MAX) return absl::OkStatus();
+    Cursor c(txn, dbi_->revisions);
+    LORADB_RETURN_IF_ERROR(c.status());
+    U64Key start(after_id + 1);
+    MDB_val k = start.val(), v;
+    int rc = c.Get(&k, &v, MDB_SET_RANGE);
+    while (rc == 0) {
+      if (limit > 0 && page.items.size() >= limit) {
+        page.next_after = page.items.back().id;
+        return absl::OkStatus();
+      }
+      LORADB_ASSIGN_OR_RETURN(RevisionRecord r, codec::DecodeRevision(ValBytes(v)));
+      if (include_deleted || r.state == RevisionState::kLive) page.items.push_back(std::move(r));
+      rc = c.Get(&k, &v, MDB_NEXT);
+    }
+    if (rc != MDB_NOTFOUND) return LmdbError(rc, "revisions");
+    return absl::OkStatus();
+  }));
+  return page;
+}
+
+absl::Status Catalog::ScanRevisionsRaw(
+    const std::function<void(uint64_t, std::span<const uint8_t>)>& fn) const {
+  return View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->revisions);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    int rc = c.Get(&k, &v, MDB_FIRST);
+    for (; rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) fn(GetBE64(k.mv_data), ValBytes(v));
+    if (rc != MDB_NOTFOUND) return LmdbError(rc, "scan revisions");
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<uint64_t> Catalog::CountPolicyRevisions(uint64_t policy_id) const {
+  uint64_t n = 0;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->policy_revisions);
+    LORADB_RETURN_IF_ERROR(c.status());
+    U64Key pk(policy_id);
+    MDB_val k = pk.val(), v;
+    int rc = c.Get(&k, &v, MDB_SET);
+    if (rc == MDB_NOTFOUND) return absl::OkStatus();
+    if (rc != 0) return LmdbError(rc, "policy revision index");
+    // Reads the fixed-size entries a page at a time.
+    rc = c.Get(&k, &v, MDB_GET_MULTIPLE);
+    while (rc == 0) {
+      n += v.mv_size / 16;
+      rc = c.Get(&k, &v, MDB_NEXT_MULTIPLE);
+    }
+    if (rc != MDB_NOTFOUND) return LmdbError(rc, "policy revision index");
+    return absl::OkStatus();
+  }));
+  return n;
+}
+
+absl::Status Catalog::DeleteRevision(uint64_t id) {
+  return Update([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, TxnGetRevision(txn, *dbi_, id));
+    if (r.state == RevisionState::kDeleted) {
+      return absl::FailedPreconditionError(absl::StrCat("revision ", id, " is already deleted"));
+    }
+    // Refuse while any alias of its policy points at it.
+    Cursor c(txn, dbi_->aliases);
+    LORADB_RETURN_IF_ERROR(c.status());
+    const std::string prefix = AliasKey(r.policy_id, "");
+    MDB_val k = StrVal(prefix), v;
+    for (int rc = c.Get(&k, &v, MDB_SET_RANGE); rc == 0 && HasPrefix(k, prefix);
+         rc = c.Get(&k, &v, MDB_NEXT)) {
+      if (v.mv_size == 8 && GetBE64(v.mv_data) == id) {
+        const std::string alias(static_cast<const char*>(k.mv_data) + 8, k.mv_size - 8);
+        return absl::FailedPreconditionError(absl::StrCat(
+            "revision ", id, " is served by alias '", alias, "'; move the alias before deleting"));
+      }
+    }
+    r.state = RevisionState::kDeleted;
+    LORADB_RETURN_IF_ERROR(TxnPutRevision(txn, *dbi_, r, 0));
+    return TxnUnrefBlob(txn, *dbi_, r.blob);
+  });
+}
+
+absl::Status Catalog::SetEvalScore(uint64_t id, const std::string& name, float value) {
+  if (name.empty()) return absl::InvalidArgumentError("eval score needs a name");
+  return Update([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, TxnGetRevision(txn, *dbi_, id));
+    r.evals[name] = value;
+    return TxnPutRevision(txn, *dbi_, r, 0);
+  });
+}
+
+// ---- aliases
+
+absl::Status Catalog::SetAlias(uint64_t policy_id, const std::string& alias, uint64_t revision,
+                               const std::string& reason) {
+  const int64_t now = NowMicros();
+  return Update([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnGetPolicyById(txn, *dbi_, policy_id));
+    return TxnSetAlias(txn, *dbi_, p, alias, revision, reason, now);
+  });
+}
+
+absl::StatusOr<uint64_t> Catalog::Rollback(uint64_t policy_id, const std::string& alias) {
+  const int64_t now = NowMicros();
+  uint64_t target = 0;
+  LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnGetPolicyById(txn, *dbi_, policy_id));
+    auto last = TxnLastAliasLog(txn, *dbi_, policy_id, alias);
+    if (absl::IsNotFound(last.status())) {
+      return absl::NotFoundError(
+          absl::StrCat("alias '", alias, "' of policy '", p.name, "' was never set"));
+    }
+    LORADB_RETURN_IF_ERROR(last.status());
+    target = last->second.from_revision;
+    if (target == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("alias '", alias, "' of policy '", p.name,
+                                                        "' has no earlier value to roll back to"));
+    }
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, TxnGetRevision(txn, *dbi_, target));
+    if (r.state != RevisionState::kLive) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot roll back alias '", alias, "': its earlier revision ", target, " is deleted"));
+    }
+    return TxnSetAlias(txn, *dbi_, p, alias, target, "rollback", now);
+  }));
+  return target;
+}
+
+absl::StatusOr<std::vector<AliasEntry>> Catalog::ListAliases(uint64_t policy_id) const {
+  std::vector<AliasEntry> out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->aliases);
+    LORADB_RETURN_IF_ERROR(c.status());
+    const std::string prefix = AliasKey(policy_id, "");
+    MDB_val k = StrVal(prefix), v;
+    for (int rc = c.Get(&k, &v, MDB_SET_RANGE); rc == 0 && HasPrefix(k, prefix);
+         rc = c.Get(&k, &v, MDB_NEXT)) {
+      if (v.mv_size != 8) return absl::DataLossError("catalog: alias value is not 8 bytes");
+      out.push_back({std::string(static_cast<const char*>(k.mv_data) + 8, k.mv_size - 8),
+                     GetBE64(v.mv_data)});
+    }
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::vector<AliasLogEntry>> Catalog::AliasLog(uint64_t policy_id,
+                                                             const std::string& alias) const {
+  std::vector<AliasLogEntry> out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->alias_log);
+    LORADB_RETURN_IF_ERROR(c.status());
+    const std::string prefix = AliasLogPrefix(policy_id, alias);
+    MDB_val k = StrVal(prefix), v;
+    for (int rc = c.Get(&k, &v, MDB_SET_RANGE); rc == 0 && HasPrefix(k, prefix);
+         rc = c.Get(&k, &v, MDB_NEXT)) {
+      if (k.mv_size != prefix.size() + 8) continue;
+      LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(ValBytes(v)));
+      e.alias = alias;
+      out.push_back(std::move(e));
+    }
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+// ---- checkpoints
+
+absl::StatusOr<CheckpointRecord> Catalog::PutCheckpoint(const NewCheckpoint& nc) {
+  CheckpointRecord out;
+  const int64_t now = NowMicros();
+  LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnGetPolicyById(txn, *dbi_, nc.policy_id));
+    if (nc.master.empty()) {
+      return absl::InvalidArgumentError("a checkpoint needs master adapter weights");
+    }
+    LORADB_ASSIGN_OR_RETURN(uint64_t last, LastU64Key(txn, dbi_->checkpoints));
+    if (nc.parent != 0) {
+      U64Key pk(nc.parent);
+      MDB_val v;
+      absl::Status st = Get(txn, dbi_->checkpoints, pk.val(), &v, "checkpoint");
+      if (absl::IsNotFound(st)) {
+        return absl::NotFoundError(absl::StrCat("parent checkpoint ", nc.parent, " not found"));
+      }
+      LORADB_RETURN_IF_ERROR(st);
+    }
+    out = CheckpointRecord{};
+    out.id = last + 1;
+    out.policy_id = p.id;
+    out.step = nc.step;
+    out.parent = nc.parent;
+    out.master = nc.master;
+    out.optimizer = nc.optimizer;
+    out.gradients = nc.gradients;
+    out.scheduler_name = nc.scheduler_name;
+    out.scheduler_position = nc.scheduler_position;
+    out.rng_state = nc.rng_state;
+    out.rollout = nc.rollout;
+    out.created_us = now;
+    U64Key k(out.id);
+    const std::string bytes = codec::EncodeCheckpoint(out);
+    LORADB_RETURN_IF_ERROR(
+        Put(txn, dbi_->checkpoints, k.val(), StrVal(bytes), MDB_APPEND, "put checkpoint"));
+    U64Key pk(p.id);
+    U128Key entry(out.step, out.id);
+    LORADB_RETURN_IF_ERROR(
+        Put(txn, dbi_->policy_checkpoints, pk.val(), entry.val(), 0, "put checkpoint index"));
+    for (const BlobRef* b : {&out.master, &out.optimizer, &out.gradients, &out.rollout}) {
+      LORADB_RETURN_IF_ERROR(TxnRefBlob(txn, *dbi_, *b, "", BlobKind::kCheckpoint));
+    }
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<CheckpointRecord> Catalog::GetCheckpoint(uint64_t id) const {
+  CheckpointRecord out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    U64Key k(id);
+    MDB_val v;
+    absl::Status st = Get(txn, dbi_->checkpoints, k.val(), &v, "checkpoint");
+    if (absl::IsNotFound(st))
+      return absl::NotFoundError(absl::StrCat("no checkpoint with id ", id));
+    LORADB_RETURN_IF_ERROR(st);
+    LORADB_ASSIGN_OR_RETURN(out, codec::DecodeCheckpoint(ValBytes(v)));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> Catalog::ListCheckpoints(uint64_t policy_id) const {
+  std::vector<CheckpointRecord> out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->policy_checkpoints);
+    LORADB_RETURN_IF_ERROR(c.status());
+    U64Key pk(policy_id);
+    MDB_val k = pk.val(), v;
+    int rc = c.Get(&k, &v, MDB_SET);
+    while (rc == 0) {
+      U64Key ck(GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8));
+      MDB_val cv;
+      LORADB_RETURN_IF_ERROR(Get(txn, dbi_->checkpoints, ck.val(), &cv, "checkpoint"));
+      LORADB_ASSIGN_OR_RETURN(CheckpointRecord r, codec::DecodeCheckpoint(ValBytes(cv)));
+      out.push_back(std::move(r));
+      rc = c.Get(&k, &v, MDB_NEXT_DUP);
+    }
+    if (rc != MDB_NOTFOUND) return LmdbError(rc, "checkpoint index");
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+// ---- blobs
+
+absl::StatusOr<BlobRecord> Catalog::GetBlob(const Hash128& hash) const {
+  BlobRecord out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    U128Key k(hash.high, hash.low);
+    MDB_val v;
+    absl::Status st = Get(txn, dbi_->blobs, k.val(), &v, "blob");
+    if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no blob ", hash.Hex()));
+    LORADB_RETURN_IF_ERROR(st);
+    LORADB_ASSIGN_OR_RETURN(out, codec::DecodeBlob(ValBytes(v)));
+    out.hash = hash;
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::vector<BlobRecord>> Catalog::ListBlobs() const {
+  std::vector<BlobRecord> out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    Cursor c(txn, dbi_->blobs);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+      if (k.mv_size != 16) return absl::DataLossError("catalog: blob key is not 16 bytes");
+      LORADB_ASSIGN_OR_RETURN(BlobRecord b, codec::DecodeBlob(ValBytes(v)));
+      b.hash = Hash128{GetBE64(k.mv_data), GetBE64(static_cast<const uint8_t*>(k.mv_data) + 8)};
+      out.push_back(std::move(b));
+    }
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<uint64_t> Catalog::DataBytes() const {
+  MDB_envinfo info;
+  MDB_stat st;
+  int rc = mdb_env_info(env_, &info);
+  if (rc != 0) return LmdbError(rc, "env info");
+  rc = mdb_env_stat(env_, &st);
+  if (rc != 0) return LmdbError(rc, "env stat");
+  return static_cast<uint64_t>(info.me_last_pgno + 1) * st.ms_psize;
+}
+
+}  // namespace loradb
+
+namespace loradb {
+
+absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
+  CatalogIntegrity out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    out = CatalogIntegrity{};
+    auto problem = [&](std::string p) {
+      if (out.problems.size() < 1000) out.problems.push_back(std::move(p));
+    };
+    MDB_val k, v;
+    // Bases.
+    std::map<std::string, bool> bases;
+    {
+      Cursor c(txn, dbi_->bases);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        bases[std::string(static_cast<const char*>(k.mv_data), k.mv_size)] = true;
+      }
+    }
+    // Policies, both directions.
+    std::map<uint64_t, PolicyRecord> policies;
+    {
+      Cursor c(txn, dbi_->policy_by_id);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        auto p = codec::DecodePolicy(ValBytes(v));
+        if (!p.ok()) {
+          problem(std::string(p.status().message()));
+          continue;
+        }
+        if (!bases.count(p->base)) {
+          problem(absl::StrCat("policy '", p->name, "' names missing base '", p->base, "'"));
+        }
+        policies[p->id] = std::move(*p);
+      }
+    }
+    {
+      Cursor c(txn, dbi_->policies);
+      LORADB_RETURN_IF_ERROR(c.status());
+      size_t names = 0;
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++names;
+        const std::string name(static_cast<const char*>(k.mv_data), k.mv_size);
+        auto it = v.mv_size == 8 ? policies.find(GetBE64(v.mv_data)) : policies.end();
+        if (it == policies.end() || it->second.name != name) {
+          problem(absl::StrCat("policy name '", name, "' maps to a missing or different policy"));
+        }
+      }
+      if (names != policies.size()) {
+        problem(absl::StrCat(policies.size(), " policy records but ", names, " policy names"));
+      }
+    }
+    out.policies = policies.size();
+    // Blob references: live revisions and checkpoints.
+    std::map<std::pair<uint64_t, uint64_t>, uint64_t> refs;
+    auto add_ref = [&](const BlobRef& b) {
+      if (!b.empty()) ++refs[{b.hash.high, b.hash.low}];
+    };
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> rev_policy_seq;  // id -> (policy, seq)
+    std::map<uint64_t, bool> live;
+    {
+      Cursor c(txn, dbi_->revisions);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++out.revisions;
+        auto r = codec::DecodeRevision(ValBytes(v));
+        if (!r.ok()) {
+          problem(std::string(r.status().message()));
+          continue;
+        }
+        if (k.mv_size != 8 || GetBE64(k.mv_data) != r->id) {
+          problem(absl::StrCat("revision ", r->id, " is stored under another key"));
+        }
+        auto pit = policies.find(r->policy_id);
+        if (pit == policies.end()) {
+          problem(absl::StrCat("revision ", r->id, " names missing policy id ", r->policy_id));
+        } else if (r->seq == 0 || r->seq >= pit->second.next_seq) {
+          problem(absl::StrCat("revision ", r->id, " has seq ", r->seq, " outside policy '",
+                               pit->second.name, "' (next seq ", pit->second.next_seq, ")"));
+        }
+        if (!bases.count(r->base)) {
+          problem(absl::StrCat("revision ", r->id, " names missing base '", r->base, "'"));
+        }
+        rev_policy_seq[r->id] = {r->policy_id, r->seq};
+        live[r->id] = r->state == RevisionState::kLive;
+        if (r->state == RevisionState::kLive) {
+          ++out.live_revisions;
+          add_ref(r->blob);
+        }
+      }
+    }
+    // The policy -> revisions index must match the revisions exactly.
+    {
+      Cursor c(txn, dbi_->policy_revisions);
+      LORADB_RETURN_IF_ERROR(c.status());
+      uint64_t entries = 0;
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++entries;
+        const uint64_t pid = GetBE64(k.mv_data);
+        const uint64_t seq = GetBE64(v.mv_data);
+        const uint64_t id = GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8);
+        auto it = rev_policy_seq.find(id);
+        if (it == rev_policy_seq.end() || it->second != std::make_pair(pid, seq)) {
+          problem(absl::StrCat("index entry (policy ", pid, ", seq ", seq, ") -> revision ", id,
+                               " does not match a revision"));
+        }
+      }
+      if (entries != out.revisions) {
+        problem(absl::StrCat(out.revisions, " revisions but ", entries, " index entries"));
+      }
+    }
+    // Aliases.
+    {
+      Cursor c(txn, dbi_->aliases);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++out.aliases;
+        const uint64_t pid = GetBE64(k.mv_data);
+        const std::string alias(static_cast<const char*>(k.mv_data) + 8, k.mv_size - 8);
+        const uint64_t id = v.mv_size == 8 ? GetBE64(v.mv_data) : 0;
+        auto it = rev_policy_seq.find(id);
+        if (it == rev_policy_seq.end() || it->second.first != pid || !live[id]) {
+          problem(absl::StrCat("alias '", alias, "' of policy id ", pid,
+                               " points at missing, deleted or foreign revision ", id));
+        }
+      }
+    }
+    // Checkpoints.
+    {
+      Cursor c(txn, dbi_->checkpoints);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++out.checkpoints;
+        auto ck = codec::DecodeCheckpoint(ValBytes(v));
+        if (!ck.ok()) {
+          problem(std::string(ck.status().message()));
+          continue;
+        }
+        if (!policies.count(ck->policy_id)) {
+          problem(absl::StrCat("checkpoint ", ck->id, " names missing policy id ", ck->policy_id));
+        }
+        for (const BlobRef* b : {&ck->master, &ck->optimizer, &ck->gradients, &ck->rollout}) {
+          add_ref(*b);
+        }
+      }
+    }
+    // Blob records against counted references.
+    {
+      Cursor c(txn, dbi_->blobs);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        auto b = codec::DecodeBlob(ValBytes(v));
+        if (!b.ok() || k.mv_size != 16) {
+          problem("corrupt blob record");
+          continue;
+        }
+        b->hash = Hash128{GetBE64(k.mv_data), GetBE64(static_cast<const uint8_t*>(k.mv_data) + 8)};
+        auto it = refs.find({b->hash.high, b->hash.low});
+        const uint64_t counted = it == refs.end() ? 0 : it->second;
+        if (counted != b->refcount) {
+          problem(absl::StrCat("blob ", b->hash.Hex(), " has refcount ", b->refcount, " but ",
+                               counted, " references"));
+        }
+        if (it != refs.end()) refs.erase(it);
+        out.blobs.push_back(std::move(*b));
+      }
+      for (const auto& [h, n] : refs) {
+        problem(absl::StrCat("blob ", Hash128{h.first, h.second}.Hex(), " is referenced ", n,
+                             " times but has no record"));
+      }
+    }
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+}  // namespace loradb

@@ -1,0 +1,223 @@
+// The catalog: one LMDB environment per store directory holding FlatBuffers records for bases,
+// policies, revisions, aliases (+ append-only log), checkpoints and blobs. docs/format-catalog.md
+// lists its databases and key encodings. Thread-safe: many reader threads, one writer at a time
+// (LMDB's writer lock); another process may read while this one writes.
+#ifndef LORADB_STORAGE_CATALOG_CATALOG_H_
+#define LORADB_STORAGE_CATALOG_CATALOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/catalog/records.h"
+
+struct MDB_env;
+struct MDB_txn;
+
+namespace loradb {
+
+struct CatalogOptions {
+  // Create the environment when `dir` holds none (otherwise NotFound).
+  bool create_if_missing = true;
+  // Initial map size; the map doubles on MDB_MAP_FULL.
+  uint64_t initial_map_bytes = uint64_t{1} << 30;
+  // MDB_NOSYNC: commits are not fsynced (benchmarks and tests of speed only; not crash-safe).
+  bool no_sync = false;
+};
+
+// What a new revision is made of; the catalog assigns id, seq, base, created time and state.
+struct NewRevision {
+  uint64_t policy_id = 0;
+  uint64_t parent = 0;
+  RevisionSource source;
+  LoraSettings lora;
+  std::string dtype;
+  Layout layout = Layout::kPlain;
+  BlobRef blob;
+  std::map<std::string, float> evals;
+  // When policy_id is 0: create the policy `create_policy` on base `create_policy_base` in the
+  // same transaction (AlreadyExists if another publisher created it first).
+  std::string create_policy;
+  std::string create_policy_base;
+  // When set, this alias is moved to the new revision in the same transaction.
+  std::string alias;
+  std::string alias_reason = "publish";
+};
+
+// What a new checkpoint is made of; the catalog assigns id and created time.
+struct NewCheckpoint {
+  uint64_t policy_id = 0;
+  uint64_t step = 0;
+  uint64_t parent = 0;
+  BlobRef master;
+  BlobRef optimizer;
+  BlobRef gradients;
+  std::string scheduler_name;
+  int64_t scheduler_position = 0;
+  std::string rng_state;
+  BlobRef rollout;
+};
+
+// One page of a listing; `next_after` is the cursor for the next page (nullopt: no more).
+template <typename T>
+struct Page {
+  std::vector<T> items;
+  std::optional<uint64_t> next_after;
+};
+
+// What CheckIntegrity found: `problems` is empty for a consistent catalog.
+struct CatalogIntegrity {
+  std::vector<std::string> problems;
+  std::vector<BlobRecord> blobs;  // every blob record, with its (verified) refcount
+  uint64_t policies = 0;
+  uint64_t revisions = 0;
+  uint64_t live_revisions = 0;
+  uint64_t aliases = 0;
+  uint64_t checkpoints = 0;
+};
+
+class Catalog {
+ public:
+  // Opens (or creates) the environment in `dir` (created if missing). A second Open of the same
+  // directory in this process, while the first handle lives, returns that same handle. Checks
+  // stale reader slots. FailedPrecondition for a store written by a newer schema version or a
+  // handle inherited across fork().
+  [[nodiscard]] static absl::StatusOr<std::shared_ptr<Catalog>> Open(
+      const std::string& dir, const CatalogOptions& options = {});
+
+  ~Catalog();
+  // The named-database handles (internal to catalog.cc).
+  struct Dbis;
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  // 32 hex digits chosen at creation.
+  const std::string& store_id() const { return store_id_; }
+  uint32_t schema_version() const { return kCatalogSchemaVersion; }
+
+  // ---- bases
+  // AlreadyExists if the name is taken; InvalidArgument for a bad name or an empty or duplicate
+  // module table.
+  [[nodiscard]] absl::Status PutBase(BaseRecord base);
+  [[nodiscard]] absl::StatusOr<BaseRecord> GetBase(const std::string& name) const;
+  [[nodiscard]] absl::StatusOr<std::vector<BaseRecord>> ListBases() const;
+
+  // ---- policies
+  // NotFound if `base` is not registered; AlreadyExists if the name is taken.
+  [[nodiscard]] absl::StatusOr<PolicyRecord> CreatePolicy(
+      const std::string& name, const std::string& base,
+      const std::map<std::string, std::string>& labels = {});
+  [[nodiscard]] absl::StatusOr<PolicyRecord> GetPolicy(const std::string& name) const;
+  [[nodiscard]] absl::StatusOr<PolicyRecord> GetPolicyById(uint64_t id) const;
+  [[nodiscard]] absl::StatusOr<std::vector<PolicyRecord>> ListPolicies() const;
+  // Archived policies accept no new revisions or alias moves; reads still work.
+  [[nodiscard]] absl::Status SetPolicyArchived(const std::string& name, bool archived);
+
+  // ---- revisions
+  // Publishes one revision in one transaction: assigns the next global id and the policy's next
+  // seq, takes a reference on its blob (creating the blob record with `blob_relpath`), moves
+  // `alias` if set. NotFound for an unknown policy; FailedPrecondition if it is archived.
+  [[nodiscard]] absl::StatusOr<RevisionRecord> Publish(const NewRevision& rev,
+                                                       const std::string& blob_relpath);
+  // Publishes many revisions in one transaction (all or none), in order.
+  [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> PublishBatch(
+      std::span<const NewRevision> revs, std::span<const std::string> blob_relpaths);
+  [[nodiscard]] absl::StatusOr<RevisionRecord> GetRevision(uint64_t id) const;
+  [[nodiscard]] absl::StatusOr<RevisionRecord> GetRevisionBySeq(uint64_t policy_id,
+                                                                uint64_t seq) const;
+  // Resolves `alias` on the policy; the virtual alias `latest` is the live revision with the
+  // highest seq. NotFound when the alias is not set.
+  [[nodiscard]] absl::StatusOr<RevisionRecord> GetRevisionByAlias(uint64_t policy_id,
+                                                                  const std::string& alias) const;
+  // A policy's revisions in seq order, seq > `after_seq`, at most `limit` (0: no limit).
+  // Deleted revisions are skipped unless `include_deleted`.
+  [[nodiscard]] absl::StatusOr<Page<RevisionRecord>> ListPolicyRevisions(
+      uint64_t policy_id, uint64_t after_seq, size_t limit, bool include_deleted = false) const;
+  // All revisions in id order, id > `after_id`, at most `limit` (0: no limit).
+  [[nodiscard]] absl::StatusOr<Page<RevisionRecord>> ListRevisions(
+      uint64_t after_id, size_t limit, bool include_deleted = false) const;
+  // Calls `fn` for every revision record in id order inside one read transaction, without
+  // decoding into RevisionRecord (for scans). `fn` gets the id and the raw FlatBuffers bytes.
+  [[nodiscard]] absl::Status ScanRevisionsRaw(
+      const std::function<void(uint64_t id, std::span<const uint8_t> record)>& fn) const;
+  // Counts a policy's revision index entries (live and deleted) touching only its own pages.
+  [[nodiscard]] absl::StatusOr<uint64_t> CountPolicyRevisions(uint64_t policy_id) const;
+  // Marks the revision deleted and drops its blob reference. FailedPrecondition while an alias
+  // points at it; NotFound if absent; deleting a deleted revision is FailedPrecondition.
+  [[nodiscard]] absl::Status DeleteRevision(uint64_t id);
+  // Records an eval score on a revision (revisions are immutable except for evals and state).
+  [[nodiscard]] absl::Status SetEvalScore(uint64_t id, const std::string& name, float value);
+
+  // ---- aliases
+  // Moves (or creates) `alias` to `revision` (a live revision of the same policy) and appends a
+  // log entry. Moving it to where it already points is a no-op returning OK (nothing logged).
+  [[nodiscard]] absl::Status SetAlias(uint64_t policy_id, const std::string& alias,
+                                      uint64_t revision, const std::string& reason = "set");
+  // Moves `alias` back to the value it had before its last move (logged with reason
+  // "rollback"). FailedPrecondition when there is no earlier value or it is no longer live.
+  // Returns the revision the alias now points at.
+  [[nodiscard]] absl::StatusOr<uint64_t> Rollback(uint64_t policy_id, const std::string& alias);
+  [[nodiscard]] absl::StatusOr<std::vector<AliasEntry>> ListAliases(uint64_t policy_id) const;
+  // The alias's log, oldest first.
+  [[nodiscard]] absl::StatusOr<std::vector<AliasLogEntry>> AliasLog(uint64_t policy_id,
+                                                                    const std::string& alias) const;
+
+  // ---- checkpoints
+  // Takes a reference on every non-empty blob (records created with their BlobRelPath).
+  [[nodiscard]] absl::StatusOr<CheckpointRecord> PutCheckpoint(const NewCheckpoint& ckpt);
+  [[nodiscard]] absl::StatusOr<CheckpointRecord> GetCheckpoint(uint64_t id) const;
+  // A policy's checkpoints ordered by (step, id).
+  [[nodiscard]] absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(
+      uint64_t policy_id) const;
+
+  // ---- blobs
+  [[nodiscard]] absl::StatusOr<BlobRecord> GetBlob(const Hash128& hash) const;
+  [[nodiscard]] absl::StatusOr<std::vector<BlobRecord>> ListBlobs() const;
+
+  // Cross-checks every record in one read transaction (no file I/O): policy name <-> id maps,
+  // revisions against their policy, base, seq index entry and blob record; index entries
+  // against revisions; aliases against live revisions of their policy; checkpoints against
+  // their policy; every blob refcount against the references counted from live revisions and
+  // checkpoints. A non-OK status only for read errors; inconsistencies go to `problems`.
+  [[nodiscard]] absl::StatusOr<CatalogIntegrity> CheckIntegrity() const;
+
+  // Bytes of the LMDB data file (the used part of the map).
+  [[nodiscard]] absl::StatusOr<uint64_t> DataBytes() const;
+
+ private:
+  Catalog(std::string dir, const CatalogOptions& options);
+  [[nodiscard]] absl::Status Init();
+  // Runs `fn` in a write transaction and commits; on MDB_MAP_FULL aborts, grows the map with no
+  // transaction open and runs `fn` again.
+  [[nodiscard]] absl::Status Update(const std::function<absl::Status(MDB_txn*)>& fn);
+  // Runs `fn` in a short read transaction (a renewed one from the pool).
+  [[nodiscard]] absl::Status View(const std::function<absl::Status(MDB_txn*)>& fn) const;
+  [[nodiscard]] absl::Status GrowMap(uint64_t at_least) ABSL_LOCKS_EXCLUDED(resize_mu_);
+  MDB_txn* AcquireReadTxn() const;
+  void ReleaseReadTxn(MDB_txn* txn) const;
+
+  std::string dir_;
+  CatalogOptions options_;
+  std::string store_id_;
+  MDB_env* env_ = nullptr;
+  std::unique_ptr<Dbis> dbi_;
+  int pid_ = 0;
+  // Readers and writers hold it shared for a transaction's life; growing the map holds it
+  // exclusively so no transaction of this process is open.
+  mutable absl::Mutex resize_mu_;
+  mutable absl::Mutex pool_mu_;
+  mutable std::vector<MDB_txn*> read_pool_ ABSL_GUARDED_BY(pool_mu_);
+};
+
+}  // namespace loradb
+
+#endif  // LORADB_STORAGE_CATALOG_CATALOG_H_

@@ -1,0 +1,298 @@
+#include "storage/catalog/codec.h"
+
+#include <flatbuffers/flatbuffers.h>
+
+#include "absl/strings/str_cat.h"
+#include "schema/catalog_generated.h"
+
+namespace loradb::catalog_codec {
+namespace {
+
+namespace fb = ::loradb::catalog::fb;
+using flatbuffers::FlatBufferBuilder;
+using flatbuffers::Offset;
+
+// Empty strings are left out of the record (absent reads back as "").
+Offset<flatbuffers::String> Str(FlatBufferBuilder& b, const std::string& s) {
+  return s.empty() ? Offset<flatbuffers::String>() : b.CreateString(s);
+}
+
+std::string Str(const flatbuffers::String* s) { return s == nullptr ? std::string() : s->str(); }
+
+std::string Finish(FlatBufferBuilder& b) {
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+Offset<fb::BlobRef> EncodeBlobRef(FlatBufferBuilder& b, const BlobRef& r) {
+  if (r.empty()) return {};
+  fb::Hash128 h(r.hash.high, r.hash.low);
+  return fb::CreateBlobRef(b, &h, r.bytes, r.tensors);
+}
+
+BlobRef DecodeBlobRef(const fb::BlobRef* r) {
+  BlobRef out;
+  if (r == nullptr) return out;
+  if (r->hash() != nullptr) out.hash = Hash128{r->hash()->high(), r->hash()->low()};
+  out.bytes = r->bytes();
+  out.tensors = r->tensors();
+  return out;
+}
+
+// Verifies `b` as a T and checks its layout version.
+template <typename T>
+absl::StatusOr<const T*> Root(Bytes b, const char* what) {
+  flatbuffers::Verifier v(b.data(), b.size());
+  if (!v.VerifyBuffer<T>(nullptr)) {
+    return absl::DataLossError(absl::StrCat("catalog: corrupt ", what, " record (", b.size(),
+                                            " bytes fail FlatBuffers verification)"));
+  }
+  const T* root = flatbuffers::GetRoot<T>(b.data());
+  if (root->version() > 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("catalog: ", what, " record has layout version ", root->version(),
+                     ", newer than this build understands (1); upgrade loradb"));
+  }
+  return root;
+}
+
+}  // namespace
+
+std::string EncodeBase(const BaseRecord& r) {
+  FlatBufferBuilder b(512);
+  auto name = Str(b, r.name);
+  auto arch = fb::CreateArchitectureDirect(
+      b, r.arch.family.empty() ? nullptr : r.arch.family.c_str(), r.arch.hidden_size,
+      r.arch.num_layers, r.arch.num_heads, r.arch.num_kv_heads, r.arch.head_dim,
+      r.arch.intermediate_size, r.arch.num_experts, r.arch.vocab_size);
+  std::vector<Offset<fb::ModuleShape>> mods;
+  mods.reserve(r.modules.size());
+  for (const auto& m : r.modules) {
+    mods.push_back(fb::CreateModuleShapeDirect(b, m.name.c_str(), m.in, m.out));
+  }
+  auto mods_vec = b.CreateVector(mods);
+  auto fp = Str(b, r.weights_fingerprint);
+  auto cfg = Str(b, r.config_json);
+  b.Finish(fb::CreateBase(b, 1, name, arch, mods_vec, fp, cfg, r.created_us));
+  return Finish(b);
+}
+
+absl::StatusOr<BaseRecord> DecodeBase(Bytes bytes) {
+  auto root = Root<fb::Base>(bytes, "base");
+  if (!root.ok()) return root.status();
+  const fb::Base* b = *root;
+  BaseRecord r;
+  r.name = Str(b->name());
+  if (const auto* a = b->arch()) {
+    r.arch.family = Str(a->family());
+    r.arch.hidden_size = a->hidden_size();
+    r.arch.num_layers = a->num_layers();
+    r.arch.num_heads = a->num_heads();
+    r.arch.num_kv_heads = a->num_kv_heads();
+    r.arch.head_dim = a->head_dim();
+    r.arch.intermediate_size = a->intermediate_size();
+    r.arch.num_experts = a->num_experts();
+    r.arch.vocab_size = a->vocab_size();
+  }
+  if (b->modules() != nullptr) {
+    r.modules.reserve(b->modules()->size());
+    for (const auto* m : *b->modules()) {
+      r.modules.push_back({Str(m->name()), m->in_features(), m->out_features()});
+    }
+  }
+  r.weights_fingerprint = Str(b->weights_fingerprint());
+  r.config_json = Str(b->config_json());
+  r.created_us = b->created_us();
+  return r;
+}
+
+std::string EncodePolicy(const PolicyRecord& r) {
+  FlatBufferBuilder b(256);
+  auto name = Str(b, r.name);
+  auto base = Str(b, r.base);
+  Offset<flatbuffers::Vector<Offset<fb::Label>>> labels;
+  if (!r.labels.empty()) {
+    std::vector<Offset<fb::Label>> v;
+    for (const auto& [k, val] : r.labels) {
+      v.push_back(fb::CreateLabelDirect(b, k.c_str(), val.c_str()));
+    }
+    labels = b.CreateVector(v);
+  }
+  b.Finish(fb::CreatePolicy(b, 1, r.id, name, base, labels, r.created_us, r.archived, r.next_seq));
+  return Finish(b);
+}
+
+absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes) {
+  auto root = Root<fb::Policy>(bytes, "policy");
+  if (!root.ok()) return root.status();
+  const fb::Policy* p = *root;
+  PolicyRecord r;
+  r.id = p->id();
+  r.name = Str(p->name());
+  r.base = Str(p->base());
+  if (p->labels() != nullptr) {
+    for (const auto* l : *p->labels()) r.labels[Str(l->key())] = Str(l->value());
+  }
+  r.created_us = p->created_us();
+  r.archived = p->archived();
+  r.next_seq = p->next_seq();
+  return r;
+}
+
+std::string EncodeRevision(const RevisionRecord& r) {
+  FlatBufferBuilder b(384);
+  auto base = Str(b, r.base);
+  auto origin = Str(b, r.source.origin);
+  auto content_hash = Str(b, r.source.content_hash);
+  auto source = fb::CreateSource(b, static_cast<fb::SourceKind>(r.source.kind),
+                                 r.source.checkpoint_id, r.source.step, origin, content_hash);
+  Offset<flatbuffers::Vector<Offset<fb::ModuleLora>>> mods;
+  if (!r.lora.modules.empty()) {
+    std::vector<Offset<fb::ModuleLora>> v;
+    for (const auto& m : r.lora.modules) {
+      v.push_back(fb::CreateModuleLoraDirect(b, m.pattern.c_str(), m.r, m.alpha, m.has_alpha));
+    }
+    mods = b.CreateVector(v);
+  }
+  Offset<flatbuffers::Vector<Offset<flatbuffers::String>>> targets;
+  if (!r.lora.target_modules.empty()) targets = b.CreateVectorOfStrings(r.lora.target_modules);
+  auto lora = fb::CreateLoraConfig(b, r.lora.r, r.lora.alpha, r.lora.use_rslora, mods, targets);
+  auto dtype = Str(b, r.dtype);
+  auto blob = EncodeBlobRef(b, r.blob);
+  Offset<flatbuffers::Vector<Offset<fb::EvalScore>>> evals;
+  if (!r.evals.empty()) {
+    std::vector<Offset<fb::EvalScore>> v;
+    for (const auto& [name, value] : r.evals) {
+      v.push_back(fb::CreateEvalScoreDirect(b, name.c_str(), value));
+    }
+    evals = b.CreateVector(v);
+  }
+  b.Finish(fb::CreateRevision(b, 1, r.id, r.policy_id, r.seq, base, r.parent, source, lora, dtype,
+                              static_cast<fb::Layout>(r.layout), blob, r.created_us,
+                              static_cast<fb::RevisionState>(r.state), evals));
+  return Finish(b);
+}
+
+absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes) {
+  auto root = Root<fb::Revision>(bytes, "revision");
+  if (!root.ok()) return root.status();
+  const fb::Revision* v = *root;
+  RevisionRecord r;
+  r.id = v->id();
+  r.policy_id = v->policy_id();
+  r.seq = v->seq();
+  r.base = Str(v->base());
+  r.parent = v->parent();
+  if (const auto* s = v->source()) {
+    r.source.kind = static_cast<SourceKind>(s->kind());
+    r.source.checkpoint_id = s->checkpoint_id();
+    r.source.step = s->step();
+    r.source.origin = Str(s->origin());
+    r.source.content_hash = Str(s->content_hash());
+  }
+  if (const auto* l = v->lora()) {
+    r.lora.r = l->r();
+    r.lora.alpha = l->alpha();
+    r.lora.use_rslora = l->use_rslora();
+    if (l->modules() != nullptr) {
+      for (const auto* m : *l->modules()) {
+        r.lora.modules.push_back({Str(m->pattern()), m->r(), m->alpha(), m->has_alpha()});
+      }
+    }
+    if (l->target_modules() != nullptr) {
+      for (const auto* t : *l->target_modules()) r.lora.target_modules.push_back(t->str());
+    }
+  }
+  r.dtype = Str(v->dtype());
+  r.layout = static_cast<Layout>(v->layout());
+  r.blob = DecodeBlobRef(v->blob());
+  r.created_us = v->created_us();
+  r.state = static_cast<RevisionState>(v->state());
+  if (v->evals() != nullptr) {
+    for (const auto* e : *v->evals()) r.evals[Str(e->name())] = e->value();
+  }
+  return r;
+}
+
+absl::StatusOr<RevisionState> DecodeRevisionState(Bytes bytes) {
+  auto root = Root<fb::Revision>(bytes, "revision");
+  if (!root.ok()) return root.status();
+  return static_cast<RevisionState>((*root)->state());
+}
+
+std::string EncodeAliasLogEntry(const AliasLogEntry& r) {
+  FlatBufferBuilder b(128);
+  auto reason = Str(b, r.reason);
+  b.Finish(fb::CreateAliasLogEntry(b, 1, r.time_us, r.from_revision, r.to_revision, reason));
+  return Finish(b);
+}
+
+absl::StatusOr<AliasLogEntry> DecodeAliasLogEntry(Bytes bytes) {
+  auto root = Root<fb::AliasLogEntry>(bytes, "alias log");
+  if (!root.ok()) return root.status();
+  AliasLogEntry r;
+  r.time_us = (*root)->time_us();
+  r.from_revision = (*root)->from_revision();
+  r.to_revision = (*root)->to_revision();
+  r.reason = Str((*root)->reason());
+  return r;
+}
+
+std::string EncodeCheckpoint(const CheckpointRecord& r) {
+  FlatBufferBuilder b(384);
+  auto master = EncodeBlobRef(b, r.master);
+  auto optimizer = EncodeBlobRef(b, r.optimizer);
+  auto gradients = EncodeBlobRef(b, r.gradients);
+  auto sched = Str(b, r.scheduler_name);
+  Offset<flatbuffers::Vector<uint8_t>> rng;
+  if (!r.rng_state.empty()) {
+    rng = b.CreateVector(reinterpret_cast<const uint8_t*>(r.rng_state.data()), r.rng_state.size());
+  }
+  auto rollout = EncodeBlobRef(b, r.rollout);
+  b.Finish(fb::CreateCheckpoint(b, 1, r.id, r.policy_id, r.step, r.parent, master, optimizer,
+                                gradients, sched, r.scheduler_position, rng, rollout,
+                                r.created_us));
+  return Finish(b);
+}
+
+absl::StatusOr<CheckpointRecord> DecodeCheckpoint(Bytes bytes) {
+  auto root = Root<fb::Checkpoint>(bytes, "checkpoint");
+  if (!root.ok()) return root.status();
+  const fb::Checkpoint* c = *root;
+  CheckpointRecord r;
+  r.id = c->id();
+  r.policy_id = c->policy_id();
+  r.step = c->step();
+  r.parent = c->parent();
+  r.master = DecodeBlobRef(c->master());
+  r.optimizer = DecodeBlobRef(c->optimizer());
+  r.gradients = DecodeBlobRef(c->gradients());
+  r.scheduler_name = Str(c->scheduler_name());
+  r.scheduler_position = c->scheduler_position();
+  if (c->rng_state() != nullptr) {
+    r.rng_state.assign(reinterpret_cast<const char*>(c->rng_state()->data()),
+                       c->rng_state()->size());
+  }
+  r.rollout = DecodeBlobRef(c->rollout());
+  r.created_us = c->created_us();
+  return r;
+}
+
+std::string EncodeBlob(const BlobRecord& r) {
+  FlatBufferBuilder b(128);
+  auto path = Str(b, r.relpath);
+  b.Finish(fb::CreateBlob(b, 1, path, r.bytes, r.refcount, static_cast<fb::BlobKind>(r.kind)));
+  return Finish(b);
+}
+
+absl::StatusOr<BlobRecord> DecodeBlob(Bytes bytes) {
+  auto root = Root<fb::Blob>(bytes, "blob");
+  if (!root.ok()) return root.status();
+  BlobRecord r;
+  r.relpath = Str((*root)->relpath());
+  r.bytes = (*root)->bytes();
+  r.refcount = (*root)->refcount();
+  r.kind = static_cast<BlobKind>((*root)->kind());
+  return r;
+}
+
+}  // namespace loradb::catalog_codec

@@ -1,0 +1,36 @@
+// Catalog records <-> FlatBuffers bytes (schema/catalog.fbs). Internal to storage/catalog.
+// Decoders verify the buffer and reject records whose layout version is newer than this build.
+#ifndef LORADB_STORAGE_CATALOG_CODEC_H_
+#define LORADB_STORAGE_CATALOG_CODEC_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "storage/catalog/records.h"
+
+namespace loradb::catalog_codec {
+
+std::string EncodeBase(const BaseRecord& r);
+std::string EncodePolicy(const PolicyRecord& r);
+std::string EncodeRevision(const RevisionRecord& r);
+std::string EncodeAliasLogEntry(const AliasLogEntry& r);
+std::string EncodeCheckpoint(const CheckpointRecord& r);
+std::string EncodeBlob(const BlobRecord& r);
+
+using Bytes = std::span<const uint8_t>;
+[[nodiscard]] absl::StatusOr<BaseRecord> DecodeBase(Bytes b);
+[[nodiscard]] absl::StatusOr<PolicyRecord> DecodePolicy(Bytes b);
+[[nodiscard]] absl::StatusOr<RevisionRecord> DecodeRevision(Bytes b);
+// The state field only (for scans that skip deleted revisions without decoding).
+[[nodiscard]] absl::StatusOr<RevisionState> DecodeRevisionState(Bytes b);
+// `alias` is not stored in the value (it is part of the key); the result leaves it empty.
+[[nodiscard]] absl::StatusOr<AliasLogEntry> DecodeAliasLogEntry(Bytes b);
+[[nodiscard]] absl::StatusOr<CheckpointRecord> DecodeCheckpoint(Bytes b);
+// `hash` is part of the key; the result leaves it zero.
+[[nodiscard]] absl::StatusOr<BlobRecord> DecodeBlob(Bytes b);
+
+}  // namespace loradb::catalog_codec
+
+#endif  // LORADB_STORAGE_CATALOG_CODEC_H_
