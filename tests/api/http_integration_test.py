@@ -109,7 +109,12 @@ class ServerTest(unittest.TestCase):
                              ("/v1/policies/{policy}/aliases/{alias}/rollback", "post"),
                              ("/v1/policies/{policy}/aliases/{alias}/history", "get"),
                              ("/v1/policies/{policy}/checkpoints", "get"),
-                             ("/v1/checkpoints/{id}", "get")]:
+                             ("/v1/checkpoints/{id}", "get"), ("/v1/residency", "get"),
+                             ("/v1/stats", "get"), ("/v1/revisions/{id}/residency", "get"),
+                             ("/v1/revisions/{id}/prefetch", "post"),
+                             ("/v1/revisions/{id}/evict", "post"),
+                             ("/v1/revisions/{id}/pin", "post"),
+                             ("/v1/revisions/{id}/pin", "delete")]:
             self.assertIn(method, doc["paths"].get(path, {}), f"{method} {path} not documented")
         r = self.get("/")
         self.assertEqual(r.status_code, 200)
@@ -265,6 +270,49 @@ class ServerTest(unittest.TestCase):
                      {"name": "../b2", "modules": [{"name": "x", "in": 1, "out": 1}]}]:
             assert_error(self, self.call("POST", "/v1/bases", json=body), 400)
         assert_error(self, self.get("/v1/bases/b2"), 404)
+
+    # ---- tiers
+    def wait_for_tier(self, rid, tier):
+        # Ordering only (prefetch loads in the background): poll until the state is reached.
+        for _ in range(300):
+            place = self.get(f"/v1/revisions/{rid}/residency").json()
+            if place["tier"] == tier:
+                return place
+            time.sleep(0.05)
+        self.fail(f"revision {rid} never reached tier {tier}: {place}")
+
+    def test_tiers_prefetch_pin_evict_and_stats(self):
+        rid = self.store.seeded["revisions"][1]  # team/p0: no test deletes its revisions
+        place = self.get(f"/v1/revisions/{rid}/residency").json()
+        self.assertEqual(place["tier"], "storage")
+        self.assertFalse(place["pinned"])
+        assert_error(self, self.call("POST", f"/v1/revisions/{rid}/prefetch", auth=False), 401)
+        r = self.call("POST", f"/v1/revisions/{rid}/prefetch")
+        self.assertEqual(r.status_code, 202, r.text)
+        self.wait_for_tier(rid, "cpu")
+        r = self.call("POST", f"/v1/revisions/{rid}/pin")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertTrue(r.json()["pinned"])
+        self.assertEqual(r.json()["cpu_leases"], 1)
+        assert_error(self, self.call("POST", f"/v1/revisions/{rid}/evict"), 409)
+        self.assertEqual(self.call("DELETE", f"/v1/revisions/{rid}/pin").status_code, 200)
+        assert_error(self, self.call("DELETE", f"/v1/revisions/{rid}/pin"), 404)
+        r = self.call("POST", f"/v1/revisions/{rid}/evict")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json()["tier"], "storage")
+        assert_error(self, self.call("POST", f"/v1/revisions/{rid}/evict"), 404)
+        assert_error(self, self.call("POST", "/v1/revisions/999999/pin"), 404)
+        assert_error(self, self.call("POST", "/v1/revisions/abc/prefetch"), 400)
+        residency = self.get("/v1/residency").json()["tiers"]
+        cpu = [t for t in residency if t["tier"] == "cpu"][0]
+        self.assertEqual(cpu["budget_bytes"], 1 << 30)
+        stats = self.get("/v1/stats").json()
+        cpu = [t for t in stats["tiers"] if t["tier"] == "cpu"][0]
+        self.assertGreaterEqual(cpu["loads"], 1)
+        self.assertGreaterEqual(cpu["hits"] + cpu["misses"], 1)
+        self.assertIn(stats["loader"]["backend"], ("io_uring", "pread"))
+        metrics = self.get("/metrics").text
+        self.assertIn("loradb_cpu_cache_loads_total", metrics)
 
     # ---- hostile input
     def test_malformed_unknown_and_wrongly_typed_bodies(self):
