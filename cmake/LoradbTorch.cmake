@@ -27,6 +27,12 @@ if(NOT LORADB_TORCH STREQUAL "OFF" AND LORADB_SANITIZE STREQUAL "")
   find_package(Torch QUIET)
   if(Torch_FOUND)
     set(LORADB_HAVE_TORCH ON)
+    # PyPI's CUDA LibTorch needs the NCCL wheel's libnccl (found at run time through its RPATH);
+    # at link time a system libnccl under the CUDA toolkit may shadow it with missing symbols.
+    get_filename_component(_nccl_dir "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/lib" ABSOLUTE)
+    if(EXISTS "${_nccl_dir}")
+      list(APPEND TORCH_LIBRARIES "-Wl,-rpath-link,${_nccl_dir}")
+    endif()
     message(STATUS "loradb: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
   elseif(LORADB_TORCH STREQUAL "ON")
     message(FATAL_ERROR "LORADB_TORCH=ON but LibTorch was not found (run tools/dev setup)")

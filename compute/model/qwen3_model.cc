@@ -1,0 +1,388 @@
+#include "compute/model/qwen3_model.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "compute/model/checkpoint.h"
+#include "storage/formats/weights_fingerprint.h"
+#include "storage/util/status_macros.h"
+
+namespace loradb::model {
+
+// Per-forward state shared by every layer.
+struct Qwen3Model::Context {
+  const LoraBatch* lora = nullptr;
+  LoraRowGroups groups;
+  std::vector<int64_t> seq_lens;
+  std::vector<KvCache::SeqId> cache_seqs;
+  KvCache* cache = nullptr;
+  at::Tensor cos, sin;  // [rows, head_dim] in the model dtype
+};
+
+namespace {
+
+absl::StatusOr<at::ScalarType> TorchDType(DType d, const std::string& name) {
+  switch (d) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kF16:
+      return at::kHalf;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" has dtype ", DTypeName(d), "; weights must be F32, BF16 or F16"));
+  }
+}
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Qwen3Model>> Qwen3Model::Load(const std::string& dir,
+                                                             const LoadOptions& options) {
+  LORADB_ASSIGN_OR_RETURN(ModelConfig config, ReadModelConfig(dir));
+  LORADB_ASSIGN_OR_RETURN(TensorSet tensors, ReadCheckpointTensors(dir));
+  return FromTensors(config, std::make_shared<const TensorSet>(std::move(tensors)), options);
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3Model>> Qwen3Model::FromTensors(
+    const ModelConfig& config, std::shared_ptr<const TensorSet> tensors,
+    const LoadOptions& options) {
+  std::unique_ptr<Qwen3Model> m(new Qwen3Model());
+  m->config_ = config;
+  m->tensors_ = std::move(tensors);
+  m->device_ = options.device;
+  const TensorSet& set = *m->tensors_;
+  const TensorView* embed = set.Find("model.embed_tokens.weight");
+  if (embed == nullptr) {
+    return absl::InvalidArgumentError("checkpoint has no tensor \"model.embed_tokens.weight\"");
+  }
+  if (options.dtype.has_value()) {
+    m->dtype_ = *options.dtype;
+  } else {
+    LORADB_ASSIGN_OR_RETURN(m->dtype_, TorchDType(embed->dtype, embed->name));
+  }
+  if (!at::isFloatingType(m->dtype_)) {
+    return absl::InvalidArgumentError("compute dtype must be floating point");
+  }
+
+  std::set<std::string> used;
+  const std::shared_ptr<const TensorSet>& keep = m->tensors_;
+  auto take = [&](const std::string& name,
+                  std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
+    const TensorView* v = set.Find(name);
+    if (v == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint has no tensor \"", name, "\""));
+    }
+    if (v->shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" has shape ",
+                                                     ShapeString(v->shape), ", expected ",
+                                                     ShapeString(shape)));
+    }
+    LORADB_ASSIGN_OR_RETURN(at::ScalarType st, TorchDType(v->dtype, name));
+    used.insert(name);
+    m->num_parameters_ += static_cast<int64_t>(v->numel());
+    // A view over the checkpoint bytes (never written: weights are read-only). The TensorSet is
+    // held by the model, and by the tensor's deleter so a weight outlives a dropped model.
+    auto* data = const_cast<std::byte*>(v->data);
+    at::Tensor t = at::from_blob(
+        data, shape, [keep](void*) {}, at::TensorOptions(st));
+    const bool aligned = reinterpret_cast<uintptr_t>(data) % DTypeSize(v->dtype) == 0;
+    if (st == m->dtype_ && aligned && m->device_.is_cpu()) return t;
+    // One copy, converting dtype or placing on the device.
+    if (!aligned) t = t.clone();
+    return t.to(m->device_, m->dtype_, /*non_blocking=*/false, /*copy=*/true);
+  };
+
+  const ModelConfig& c = config;
+  const int64_t hd = c.head_dim, nh = c.num_attention_heads, kvh = c.num_key_value_heads;
+  if (nh % kvh != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_attention_heads ", nh, " is not a multiple of num_key_value_heads ", kvh));
+  }
+  if (hd % 2 != 0) return absl::InvalidArgumentError("head_dim must be even for RoPE");
+  if (c.is_moe() && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)) {
+    return absl::InvalidArgumentError("num_experts_per_tok must be in [1, num_experts]");
+  }
+  LORADB_ASSIGN_OR_RETURN(m->embed_,
+                          take("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
+  LORADB_ASSIGN_OR_RETURN(m->final_norm_, take("model.norm.weight", {c.hidden_size}));
+  if (c.tie_word_embeddings) {
+    m->lm_head_ = m->embed_;
+    used.insert("lm_head.weight");  // transformers ignores a stored copy of a tied head
+  } else {
+    LORADB_ASSIGN_OR_RETURN(m->lm_head_, take("lm_head.weight", {c.vocab_size, c.hidden_size}));
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    Layer l;
+    LORADB_ASSIGN_OR_RETURN(l.input_norm, take(p + "input_layernorm.weight", {c.hidden_size}));
+    LORADB_ASSIGN_OR_RETURN(l.post_norm,
+                            take(p + "post_attention_layernorm.weight", {c.hidden_size}));
+    const std::string a = p + "self_attn.";
+    LORADB_ASSIGN_OR_RETURN(l.q, take(a + "q_proj.weight", {nh * hd, c.hidden_size}));
+    LORADB_ASSIGN_OR_RETURN(l.k, take(a + "k_proj.weight", {kvh * hd, c.hidden_size}));
+    LORADB_ASSIGN_OR_RETURN(l.v, take(a + "v_proj.weight", {kvh * hd, c.hidden_size}));
+    LORADB_ASSIGN_OR_RETURN(l.o, take(a + "o_proj.weight", {c.hidden_size, nh * hd}));
+    if (c.attention_bias) {
+      LORADB_ASSIGN_OR_RETURN(l.q_bias, take(a + "q_proj.bias", {nh * hd}));
+      LORADB_ASSIGN_OR_RETURN(l.k_bias, take(a + "k_proj.bias", {kvh * hd}));
+      LORADB_ASSIGN_OR_RETURN(l.v_bias, take(a + "v_proj.bias", {kvh * hd}));
+      LORADB_ASSIGN_OR_RETURN(l.o_bias, take(a + "o_proj.bias", {c.hidden_size}));
+    }
+    LORADB_ASSIGN_OR_RETURN(l.q_norm, take(a + "q_norm.weight", {hd}));
+    LORADB_ASSIGN_OR_RETURN(l.k_norm, take(a + "k_norm.weight", {hd}));
+    l.moe = c.IsMoeLayer(i);
+    if (l.moe) {
+      const int64_t mi = c.moe_intermediate_size;
+      LORADB_ASSIGN_OR_RETURN(l.router,
+                              take(p + "mlp.gate.weight", {c.num_experts, c.hidden_size}));
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string ep = absl::StrCat(p, "mlp.experts.", e, ".");
+        Expert x;
+        LORADB_ASSIGN_OR_RETURN(x.gate, take(ep + "gate_proj.weight", {mi, c.hidden_size}));
+        LORADB_ASSIGN_OR_RETURN(x.up, take(ep + "up_proj.weight", {mi, c.hidden_size}));
+        LORADB_ASSIGN_OR_RETURN(x.down, take(ep + "down_proj.weight", {c.hidden_size, mi}));
+        l.experts.push_back(std::move(x));
+      }
+    } else {
+      const int64_t im = c.intermediate_size;
+      LORADB_ASSIGN_OR_RETURN(l.gate, take(p + "mlp.gate_proj.weight", {im, c.hidden_size}));
+      LORADB_ASSIGN_OR_RETURN(l.up, take(p + "mlp.up_proj.weight", {im, c.hidden_size}));
+      LORADB_ASSIGN_OR_RETURN(l.down, take(p + "mlp.down_proj.weight", {c.hidden_size, im}));
+    }
+    m->layers_.push_back(std::move(l));
+  }
+  for (const TensorView& v : set.tensors()) {
+    if (used.count(v.name) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", v.name, "\" is not a weight of a ", c.model_type, " model"));
+    }
+  }
+  // RoPE inverse frequencies, computed in fp32 as transformers does.
+  at::Tensor exponents = at::arange(0, hd, 2, at::kLong).to(at::kFloat) / static_cast<double>(hd);
+  m->inv_freq_ = at::reciprocal(at::pow(at::Scalar(c.rope_theta), exponents)).to(m->device_);
+  m->fingerprint_ = WeightsFingerprint(set);
+  return m;
+}
+
+KvCache Qwen3Model::NewKvCache() const {
+  return KvCache(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim, dtype_,
+                 device_);
+}
+
+at::Tensor Qwen3Model::RmsNorm(const at::Tensor& x, const at::Tensor& w) const {
+  const at::ScalarType in = x.scalar_type();
+  at::Tensor h = x.to(at::kFloat);
+  at::Tensor var = h.pow(2).mean({-1}, /*keepdim=*/true);
+  h = h * at::rsqrt(var + config_.rms_norm_eps);
+  return w * h.to(in);
+}
+
+at::Tensor Qwen3Model::Project(const Context& ctx, const at::Tensor& x, const at::Tensor& w,
+                               const at::Tensor& bias, int64_t layer, LoraTarget target) const {
+  at::Tensor y = at::linear(x, w, bias);
+  if (ctx.lora != nullptr && !ctx.groups.empty()) {
+    y = applier_->Apply(x, y, layer, target, /*expert=*/-1, at::Tensor(), *ctx.lora, ctx.groups);
+  }
+  return y;
+}
+
+at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t layer,
+                                 const at::Tensor& x) const {
+  const int64_t rows = x.size(0), hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads;
+  const int64_t rep = nh / kvh;
+  at::Tensor q = Project(ctx, x, l.q, l.q_bias, layer, LoraTarget::kQ).view({rows, nh, hd});
+  at::Tensor k = Project(ctx, x, l.k, l.k_bias, layer, LoraTarget::kK).view({rows, kvh, hd});
+  at::Tensor v = Project(ctx, x, l.v, l.v_bias, layer, LoraTarget::kV).view({rows, kvh, hd});
+  q = RmsNorm(q, l.q_norm);
+  k = RmsNorm(k, l.k_norm);
+  const at::Tensor cos = ctx.cos.unsqueeze(1), sin = ctx.sin.unsqueeze(1);
+  q = q * cos + RotateHalf(q) * sin;
+  k = k * cos + RotateHalf(k) * sin;
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(hd));
+
+  std::vector<at::Tensor> outs;
+  outs.reserve(ctx.seq_lens.size());
+  int64_t offset = 0;
+  for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
+    const int64_t n = ctx.seq_lens[s];
+    at::Tensor qs = q.narrow(0, offset, n).transpose(0, 1);  // [nh, n, hd]
+    at::Tensor ks = k.narrow(0, offset, n).transpose(0, 1);  // [kvh, n, hd]
+    at::Tensor vs = v.narrow(0, offset, n).transpose(0, 1);
+    int64_t past = 0;
+    if (ctx.cache != nullptr) {
+      past = ctx.cache->Length(ctx.cache_seqs[s]).value();
+      std::tie(ks, vs) = ctx.cache->Append(ctx.cache_seqs[s], layer, ks, vs);
+    }
+    const int64_t total = past + n;
+    if (rep > 1) {
+      ks = ks.unsqueeze(1).expand({kvh, rep, total, hd}).reshape({nh, total, hd});
+      vs = vs.unsqueeze(1).expand({kvh, rep, total, hd}).reshape({nh, total, hd});
+    }
+    at::Tensor scores = at::matmul(qs, ks.transpose(1, 2)) * scaling;  // [nh, n, total]
+    if (n > 1) {
+      // Query i (position past + i) sees keys 0 .. past + i.
+      at::Tensor masked =
+          at::ones({n, total}, at::TensorOptions(at::kBool).device(device_)).triu(past + 1);
+      scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
+    }
+    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
+    outs.push_back(at::matmul(probs, vs).transpose(0, 1).reshape({n, nh * hd}));
+    offset += n;
+  }
+  at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+  return Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO);
+}
+
+at::Tensor Qwen3Model::DenseMlp(const Context& ctx, const Layer& l, int64_t layer,
+                                const at::Tensor& x) const {
+  at::Tensor g = Project(ctx, x, l.gate, {}, layer, LoraTarget::kGate);
+  at::Tensor u = Project(ctx, x, l.up, {}, layer, LoraTarget::kUp);
+  return Project(ctx, at::silu(g) * u, l.down, {}, layer, LoraTarget::kDown);
+}
+
+at::Tensor Qwen3Model::MoeMlp(const Context& ctx, const Layer& l, int64_t layer,
+                              const at::Tensor& x) const {
+  const int64_t top_k = config_.num_experts_per_tok;
+  at::Tensor router_logits = at::linear(x, l.router);
+  at::Tensor probs = at::softmax(router_logits, -1, at::kFloat);
+  auto [weights, experts] = at::topk(probs, top_k, -1);
+  if (config_.norm_topk_prob) weights = weights / weights.sum({-1}, /*keepdim=*/true);
+  weights = weights.to(router_logits.scalar_type());
+
+  // Group the (token, k) assignments by expert: a stable sort of the flat expert ids.
+  at::Tensor flat = experts.reshape({-1});
+  auto sorted = at::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  at::Tensor order = std::get<1>(sorted);
+  at::Tensor counts = at::bincount(flat, {}, config_.num_experts).to(at::kCPU);
+  const int64_t* count = counts.data_ptr<int64_t>();
+  at::Tensor flat_weights = weights.reshape({-1});
+  const bool lora = ctx.lora != nullptr && !ctx.groups.empty();
+
+  at::Tensor out = at::zeros_like(x);
+  int64_t offset = 0;
+  for (int64_t e = 0; e < config_.num_experts; ++e) {
+    const int64_t n = count[e];
+    if (n == 0) continue;
+    at::Tensor picks = order.narrow(0, offset, n);
+    offset += n;
+    at::Tensor tokens = at::floor_divide(picks, top_k);
+    at::Tensor xs = x.index_select(0, tokens);
+    const Expert& ex = l.experts[e];
+    at::Tensor g = at::linear(xs, ex.gate);
+    at::Tensor u = at::linear(xs, ex.up);
+    if (lora) {
+      g = applier_->Apply(xs, g, layer, LoraTarget::kGate, e, tokens, *ctx.lora, ctx.groups);
+      u = applier_->Apply(xs, u, layer, LoraTarget::kUp, e, tokens, *ctx.lora, ctx.groups);
+    }
+    at::Tensor h = at::silu(g) * u;
+    at::Tensor d = at::linear(h, ex.down);
+    if (lora) {
+      d = applier_->Apply(h, d, layer, LoraTarget::kDown, e, tokens, *ctx.lora, ctx.groups);
+    }
+    d = d * flat_weights.index_select(0, picks).unsqueeze(1);
+    out = out.index_add(0, tokens, d);
+  }
+  return out;
+}
+
+absl::StatusOr<ForwardOutput> Qwen3Model::Forward(const ForwardInput& input, KvCache* cache) const {
+  const at::Tensor& ids = input.token_ids;
+  if (!ids.defined() || ids.dim() != 1 || ids.scalar_type() != at::kLong || ids.size(0) == 0) {
+    return absl::InvalidArgumentError("token_ids must be a non-empty 1-D int64 tensor");
+  }
+  const int64_t rows = ids.size(0);
+  Context ctx;
+  ctx.seq_lens = input.seq_lens.empty() ? std::vector<int64_t>{rows} : input.seq_lens;
+  int64_t sum = 0;
+  for (int64_t n : ctx.seq_lens) {
+    if (n <= 0) return absl::InvalidArgumentError("every sequence needs at least one token");
+    sum += n;
+  }
+  if (sum != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq_lens sum to ", sum, " but there are ", rows, " token ids"));
+  }
+  const int64_t min_id = ids.min().item<int64_t>(), max_id = ids.max().item<int64_t>();
+  if (min_id < 0 || max_id >= config_.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("token id ", min_id < 0 ? min_id : max_id,
+                                                   " is outside the vocabulary [0, ",
+                                                   config_.vocab_size, ")"));
+  }
+  std::vector<int64_t> positions;
+  positions.reserve(rows);
+  if (!input.cache_seqs.empty()) {
+    if (cache == nullptr) return absl::InvalidArgumentError("cache_seqs given without a cache");
+    if (input.cache_seqs.size() != ctx.seq_lens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          input.cache_seqs.size(), " cache sequences for ", ctx.seq_lens.size(), " sequences"));
+    }
+    std::set<KvCache::SeqId> distinct(input.cache_seqs.begin(), input.cache_seqs.end());
+    if (distinct.size() != input.cache_seqs.size()) {
+      return absl::InvalidArgumentError("a cache sequence appears twice in one batch");
+    }
+    for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
+      LORADB_ASSIGN_OR_RETURN(int64_t past, cache->Length(input.cache_seqs[s]));
+      for (int64_t i = 0; i < ctx.seq_lens[s]; ++i) positions.push_back(past + i);
+    }
+    for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
+      LORADB_RETURN_IF_ERROR(cache->Reserve(input.cache_seqs[s], ctx.seq_lens[s]));
+    }
+    ctx.cache = cache;
+    ctx.cache_seqs = input.cache_seqs;
+  } else {
+    for (int64_t n : ctx.seq_lens) {
+      for (int64_t i = 0; i < n; ++i) positions.push_back(i);
+    }
+  }
+  if (input.lora != nullptr) {
+    ctx.lora = input.lora;
+    LORADB_ASSIGN_OR_RETURN(ctx.groups, GroupLoraRows(*input.lora, rows, device_));
+  }
+  try {
+    at::Tensor pos = at::from_blob(positions.data(), {rows}, at::kLong).to(device_, at::kFloat);
+    at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);
+    at::Tensor emb = at::cat({freqs, freqs}, -1);
+    ctx.cos = emb.cos().to(dtype_);
+    ctx.sin = emb.sin().to(dtype_);
+
+    at::Tensor h = at::embedding(embed_, ids.to(device_));
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      const int64_t li = static_cast<int64_t>(i);
+      h = h + Attention(ctx, l, li, RmsNorm(h, l.input_norm));
+      at::Tensor x = RmsNorm(h, l.post_norm);
+      h = h + (l.moe ? MoeMlp(ctx, l, li, x) : DenseMlp(ctx, l, li, x));
+    }
+    if (input.last_row_logits_only) {
+      std::vector<int64_t> last;
+      int64_t end = 0;
+      for (int64_t n : ctx.seq_lens) last.push_back((end += n) - 1);
+      at::Tensor idx =
+          at::from_blob(last.data(), {static_cast<int64_t>(last.size())}, at::kLong).to(device_);
+      h = h.index_select(0, idx);
+    }
+    ForwardOutput out;
+    out.hidden = RmsNorm(h, final_norm_);
+    out.logits = at::linear(out.hidden, lm_head_);
+    if (ctx.cache != nullptr) {
+      for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
+        ctx.cache->Commit(ctx.cache_seqs[s], ctx.seq_lens[s]);
+      }
+    }
+    return out;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Qwen3Model::Forward: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace loradb::model

@@ -1,0 +1,131 @@
+// A Qwen3-family decoder-only transformer (dense `qwen3` and MoE `qwen3_moe`) in LibTorch whose
+// math follows Hugging Face transformers' Qwen3 / Qwen3-MoE: token embeddings, pre-norm decoder
+// layers (RMSNorm; GQA attention with per-head q_norm / k_norm and RoPE; SwiGLU MLP or a top-k
+// softmax-routed expert block), final RMSNorm, tied or untied LM head. Weights are fp32, bf16 or
+// fp16 and are computed in that dtype, as transformers does.
+//
+// Weights come from a Hugging Face checkpoint directory (config.json + model.safetensors or a
+// sharded index) read through storage's safetensors reader; tensors whose dtype and alignment
+// already fit are used in place over the memory map (zero copies), the others are copied once.
+//
+// Every q/k/v/o, gate/up/down and expert projection takes a per-row multi-LoRA delta (lora.h).
+#ifndef LORADB_COMPUTE_MODEL_QWEN3_MODEL_H_
+#define LORADB_COMPUTE_MODEL_QWEN3_MODEL_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compute/model/kv_cache.h"
+#include "compute/model/lora.h"
+#include "storage/formats/model_config.h"
+#include "storage/formats/tensor.h"
+#include "storage/util/hash.h"
+
+namespace loradb::model {
+
+struct LoadOptions {
+  // Compute dtype; default: the dtype of the checkpoint's embedding. Weights of another dtype
+  // are converted (one copy).
+  std::optional<at::ScalarType> dtype;
+  at::Device device = at::kCPU;
+};
+
+// One forward pass over a batch of sequences, each contributing a run of new tokens
+// (a whole prompt, a prefill chunk, or one decode token). Rows are the concatenation of the
+// sequences' tokens in order.
+struct ForwardInput {
+  // int64 [rows]: token ids.
+  at::Tensor token_ids;
+  // Tokens per sequence; sums to rows. Empty means one sequence of all rows.
+  std::vector<int64_t> seq_lens;
+  // With a cache: one cache sequence per entry of seq_lens; the new tokens take positions
+  // [Length(seq), Length(seq) + n) and are appended. Empty: no cache, positions start at 0.
+  std::vector<KvCache::SeqId> cache_seqs;
+  // Per-row adapters; null = base only.
+  const LoraBatch* lora = nullptr;
+  // Only compute logits for each sequence's last row (what decode needs).
+  bool last_row_logits_only = false;
+};
+
+struct ForwardOutput {
+  // [rows or sequences, vocab] in the model dtype.
+  at::Tensor logits;
+  // Final-norm hidden states of the same rows, [.., hidden].
+  at::Tensor hidden;
+};
+
+class Qwen3Model {
+ public:
+  // Loads `dir` (config.json plus model.safetensors or model.safetensors.index.json).
+  // NotFound when files are missing; InvalidArgument when a tensor is missing, has the wrong
+  // shape or a non-float dtype, or is not a weight of this architecture (each error names it).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Qwen3Model>> Load(
+      const std::string& dir, const LoadOptions& options = {});
+  // Builds the model over already-read tensors (HF names); `tensors` is kept alive by the model.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Qwen3Model>> FromTensors(
+      const ModelConfig& config, std::shared_ptr<const TensorSet> tensors,
+      const LoadOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
+  // xxh3-128 of the checkpoint's tensor bytes in name order (WeightsFingerprint).
+  const Hash128& fingerprint() const { return fingerprint_; }
+  int64_t num_parameters() const { return num_parameters_; }
+  // A cache sized for this model.
+  KvCache NewKvCache() const;
+
+  // Runs the decoder. InvalidArgument for bad shapes, token ids outside the vocabulary, unknown
+  // cache sequences or a malformed LoRA batch; on error the cache is unchanged. Differentiable
+  // with respect to LoRA factors (the base weights never require grad).
+  [[nodiscard]] absl::StatusOr<ForwardOutput> Forward(const ForwardInput& input,
+                                                      KvCache* cache = nullptr) const;
+
+  // Replaces the applier of LoRA deltas (default: TorchLoraApplier). Not owned; must outlive
+  // every Forward call.
+  void set_lora_applier(const LoraApplier* applier) { applier_ = applier; }
+
+ private:
+  struct Expert {
+    at::Tensor gate, up, down;
+  };
+  struct Layer {
+    at::Tensor input_norm, post_norm;
+    at::Tensor q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm;
+    bool moe = false;
+    at::Tensor gate, up, down;  // dense MLP
+    at::Tensor router;          // [experts, hidden]
+    std::vector<Expert> experts;
+  };
+  struct Context;  // per-forward state
+
+  Qwen3Model() = default;
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w) const;
+  at::Tensor Project(const Context& ctx, const at::Tensor& x, const at::Tensor& w,
+                     const at::Tensor& bias, int64_t layer, LoraTarget target) const;
+  at::Tensor Attention(const Context& ctx, const Layer& l, int64_t layer,
+                       const at::Tensor& x) const;
+  at::Tensor DenseMlp(const Context& ctx, const Layer& l, int64_t layer, const at::Tensor& x) const;
+  at::Tensor MoeMlp(const Context& ctx, const Layer& l, int64_t layer, const at::Tensor& x) const;
+
+  ModelConfig config_;
+  at::ScalarType dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;
+  std::shared_ptr<const TensorSet> tensors_;  // keeps the mmap'd weights alive
+  Hash128 fingerprint_;
+  int64_t num_parameters_ = 0;
+  at::Tensor embed_, final_norm_, lm_head_, inv_freq_;
+  std::vector<Layer> layers_;
+  TorchLoraApplier reference_applier_;
+  const LoraApplier* applier_ = &reference_applier_;
+};
+
+}  // namespace loradb::model
+
+#endif  // LORADB_COMPUTE_MODEL_QWEN3_MODEL_H_
