@@ -267,11 +267,7 @@ absl::StatusOr<std::pair<uint64_t, AliasLogEntry>> TxnLastAliasLog(MDB_txn* txn,
 absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecord& policy,
                          const std::string& alias, uint64_t to, const std::string& reason,
                          int64_t now) {
-  LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
-  if (alias == kVirtualLatest) {
-    return absl::InvalidArgumentError(
-        "alias 'latest' is reserved: it always names the policy's newest live revision");
-  }
+  LORADB_RETURN_IF_ERROR(ValidateSettableAlias(alias));
   if (policy.archived) {
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; its aliases cannot move"));
@@ -355,10 +351,43 @@ absl::Status TxnUnrefBlob(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& r
   return Put(txn, d.blobs, k.val(), StrVal(bytes), 0, "put blob");
 }
 
+absl::StatusOr<PolicyRecord> TxnCreatePolicy(MDB_txn* txn, const Catalog::Dbis& d,
+                                             const std::string& name, const std::string& base,
+                                             const std::map<std::string, std::string>& labels,
+                                             int64_t now) {
+  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
+  MDB_val v;
+  absl::Status st = Get(txn, d.bases, StrVal(base), &v, "base");
+  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no base named '", base, "'"));
+  LORADB_RETURN_IF_ERROR(st);
+  LORADB_ASSIGN_OR_RETURN(uint64_t last, LastU64Key(txn, d.policy_by_id));
+  PolicyRecord p;
+  p.id = last + 1;
+  p.name = name;
+  p.base = base;
+  p.labels = labels;
+  p.created_us = now;
+  p.next_seq = 1;
+  U64Key id(p.id);
+  st = Put(txn, d.policies, StrVal(name), id.val(), MDB_NOOVERWRITE, "put policy name");
+  if (absl::IsAlreadyExists(st)) {
+    return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
+  }
+  LORADB_RETURN_IF_ERROR(st);
+  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, p));
+  return p;
+}
+
 absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
                                           const NewRevision& nr, const std::string& relpath,
                                           int64_t now) {
-  LORADB_ASSIGN_OR_RETURN(PolicyRecord policy, TxnGetPolicyById(txn, d, nr.policy_id));
+  PolicyRecord policy;
+  if (nr.policy_id == 0 && !nr.create_policy.empty()) {
+    LORADB_ASSIGN_OR_RETURN(
+        policy, TxnCreatePolicy(txn, d, nr.create_policy, nr.create_policy_base, {}, now));
+  } else {
+    LORADB_ASSIGN_OR_RETURN(policy, TxnGetPolicyById(txn, d, nr.policy_id));
+  }
   if (policy.archived) {
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
@@ -742,29 +771,11 @@ absl::StatusOr<std::vector<BaseRecord>> Catalog::ListBases() const {
 absl::StatusOr<PolicyRecord> Catalog::CreatePolicy(
     const std::string& name, const std::string& base,
     const std::map<std::string, std::string>& labels) {
-  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
   PolicyRecord p;
+  const int64_t now = NowMicros();
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
-    MDB_val v;
-    absl::Status st = Get(txn, dbi_->bases, StrVal(base), &v, "base");
-    if (absl::IsNotFound(st))
-      return absl::NotFoundError(absl::StrCat("no base named '", base, "'"));
-    LORADB_RETURN_IF_ERROR(st);
-    LORADB_ASSIGN_OR_RETURN(uint64_t last, LastU64Key(txn, dbi_->policy_by_id));
-    p = PolicyRecord{};
-    p.id = last + 1;
-    p.name = name;
-    p.base = base;
-    p.labels = labels;
-    p.created_us = NowMicros();
-    p.next_seq = 1;
-    U64Key id(p.id);
-    st = Put(txn, dbi_->policies, StrVal(name), id.val(), MDB_NOOVERWRITE, "put policy name");
-    if (absl::IsAlreadyExists(st)) {
-      return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
-    }
-    LORADB_RETURN_IF_ERROR(st);
-    return TxnPutPolicy(txn, *dbi_, p);
+    LORADB_ASSIGN_OR_RETURN(p, TxnCreatePolicy(txn, *dbi_, name, base, labels, now));
+    return absl::OkStatus();
   }));
   return p;
 }
@@ -1235,6 +1246,184 @@ absl::StatusOr<uint64_t> Catalog::DataBytes() const {
   rc = mdb_env_stat(env_, &st);
   if (rc != 0) return LmdbError(rc, "env stat");
   return static_cast<uint64_t>(info.me_last_pgno + 1) * st.ms_psize;
+}
+
+}  // namespace loradb
+
+namespace loradb {
+
+absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
+  CatalogIntegrity out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    out = CatalogIntegrity{};
+    auto problem = [&](std::string p) {
+      if (out.problems.size() < 1000) out.problems.push_back(std::move(p));
+    };
+    MDB_val k, v;
+    // Bases.
+    std::map<std::string, bool> bases;
+    {
+      Cursor c(txn, dbi_->bases);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        bases[std::string(static_cast<const char*>(k.mv_data), k.mv_size)] = true;
+      }
+    }
+    // Policies, both directions.
+    std::map<uint64_t, PolicyRecord> policies;
+    {
+      Cursor c(txn, dbi_->policy_by_id);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        auto p = codec::DecodePolicy(ValBytes(v));
+        if (!p.ok()) {
+          problem(std::string(p.status().message()));
+          continue;
+        }
+        if (!bases.count(p->base)) {
+          problem(absl::StrCat("policy '", p->name, "' names missing base '", p->base, "'"));
+        }
+        policies[p->id] = std::move(*p);
+      }
+    }
+    {
+      Cursor c(txn, dbi_->policies);
+      LORADB_RETURN_IF_ERROR(c.status());
+      size_t names = 0;
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++names;
+        const std::string name(static_cast<const char*>(k.mv_data), k.mv_size);
+        auto it = v.mv_size == 8 ? policies.find(GetBE64(v.mv_data)) : policies.end();
+        if (it == policies.end() || it->second.name != name) {
+          problem(absl::StrCat("policy name '", name, "' maps to a missing or different policy"));
+        }
+      }
+      if (names != policies.size()) {
+        problem(absl::StrCat(policies.size(), " policy records but ", names, " policy names"));
+      }
+    }
+    out.policies = policies.size();
+    // Blob references: live revisions and checkpoints.
+    std::map<std::pair<uint64_t, uint64_t>, uint64_t> refs;
+    auto add_ref = [&](const BlobRef& b) {
+      if (!b.empty()) ++refs[{b.hash.high, b.hash.low}];
+    };
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> rev_policy_seq;  // id -> (policy, seq)
+    std::map<uint64_t, bool> live;
+    {
+      Cursor c(txn, dbi_->revisions);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++out.revisions;
+        auto r = codec::DecodeRevision(ValBytes(v));
+        if (!r.ok()) {
+          problem(std::string(r.status().message()));
+          continue;
+        }
+        if (k.mv_size != 8 || GetBE64(k.mv_data) != r->id) {
+          problem(absl::StrCat("revision ", r->id, " is stored under another key"));
+        }
+        auto pit = policies.find(r->policy_id);
+        if (pit == policies.end()) {
+          problem(absl::StrCat("revision ", r->id, " names missing policy id ", r->policy_id));
+        } else if (r->seq == 0 || r->seq >= pit->second.next_seq) {
+          problem(absl::StrCat("revision ", r->id, " has seq ", r->seq, " outside policy '",
+                               pit->second.name, "' (next seq ", pit->second.next_seq, ")"));
+        }
+        if (!bases.count(r->base)) {
+          problem(absl::StrCat("revision ", r->id, " names missing base '", r->base, "'"));
+        }
+        rev_policy_seq[r->id] = {r->policy_id, r->seq};
+        live[r->id] = r->state == RevisionState::kLive;
+        if (r->state == RevisionState::kLive) {
+          ++out.live_revisions;
+          add_ref(r->blob);
+        }
+      }
+    }
+    // The policy -> revisions index must match the revisions exactly.
+    {
+      Cursor c(txn, dbi_->policy_revisions);
+      LORADB_RETURN_IF_ERROR(c.status());
+      uint64_t entries = 0;
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++entries;
+        const uint64_t pid = GetBE64(k.mv_data);
+        const uint64_t seq = GetBE64(v.mv_data);
+        const uint64_t id = GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8);
+        auto it = rev_policy_seq.find(id);
+        if (it == rev_policy_seq.end() || it->second != std::make_pair(pid, seq)) {
+          problem(absl::StrCat("index entry (policy ", pid, ", seq ", seq, ") -> revision ", id,
+                               " does not match a revision"));
+        }
+      }
+      if (entries != out.revisions) {
+        problem(absl::StrCat(out.revisions, " revisions but ", entries, " index entries"));
+      }
+    }
+    // Aliases.
+    {
+      Cursor c(txn, dbi_->aliases);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++out.aliases;
+        const uint64_t pid = GetBE64(k.mv_data);
+        const std::string alias(static_cast<const char*>(k.mv_data) + 8, k.mv_size - 8);
+        const uint64_t id = v.mv_size == 8 ? GetBE64(v.mv_data) : 0;
+        auto it = rev_policy_seq.find(id);
+        if (it == rev_policy_seq.end() || it->second.first != pid || !live[id]) {
+          problem(absl::StrCat("alias '", alias, "' of policy id ", pid,
+                               " points at missing, deleted or foreign revision ", id));
+        }
+      }
+    }
+    // Checkpoints.
+    {
+      Cursor c(txn, dbi_->checkpoints);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        ++out.checkpoints;
+        auto ck = codec::DecodeCheckpoint(ValBytes(v));
+        if (!ck.ok()) {
+          problem(std::string(ck.status().message()));
+          continue;
+        }
+        if (!policies.count(ck->policy_id)) {
+          problem(absl::StrCat("checkpoint ", ck->id, " names missing policy id ", ck->policy_id));
+        }
+        for (const BlobRef* b : {&ck->master, &ck->optimizer, &ck->gradients, &ck->rollout}) {
+          add_ref(*b);
+        }
+      }
+    }
+    // Blob records against counted references.
+    {
+      Cursor c(txn, dbi_->blobs);
+      LORADB_RETURN_IF_ERROR(c.status());
+      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        auto b = codec::DecodeBlob(ValBytes(v));
+        if (!b.ok() || k.mv_size != 16) {
+          problem("corrupt blob record");
+          continue;
+        }
+        b->hash = Hash128{GetBE64(k.mv_data), GetBE64(static_cast<const uint8_t*>(k.mv_data) + 8)};
+        auto it = refs.find({b->hash.high, b->hash.low});
+        const uint64_t counted = it == refs.end() ? 0 : it->second;
+        if (counted != b->refcount) {
+          problem(absl::StrCat("blob ", b->hash.Hex(), " has refcount ", b->refcount, " but ",
+                               counted, " references"));
+        }
+        if (it != refs.end()) refs.erase(it);
+        out.blobs.push_back(std::move(*b));
+      }
+      for (const auto& [h, n] : refs) {
+        problem(absl::StrCat("blob ", Hash128{h.first, h.second}.Hex(), " is referenced ", n,
+                             " times but has no record"));
+      }
+    }
+    return absl::OkStatus();
+  }));
+  return out;
 }
 
 }  // namespace loradb

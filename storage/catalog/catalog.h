@@ -43,6 +43,10 @@ struct NewRevision {
   Layout layout = Layout::kPlain;
   BlobRef blob;
   std::map<std::string, float> evals;
+  // When policy_id is 0: create the policy `create_policy` on base `create_policy_base` in the
+  // same transaction (AlreadyExists if another publisher created it first).
+  std::string create_policy;
+  std::string create_policy_base;
   // When set, this alias is moved to the new revision in the same transaction.
   std::string alias;
   std::string alias_reason = "publish";
@@ -67,6 +71,17 @@ template <typename T>
 struct Page {
   std::vector<T> items;
   std::optional<uint64_t> next_after;
+};
+
+// What CheckIntegrity found: `problems` is empty for a consistent catalog.
+struct CatalogIntegrity {
+  std::vector<std::string> problems;
+  std::vector<BlobRecord> blobs;  // every blob record, with its (verified) refcount
+  uint64_t policies = 0;
+  uint64_t revisions = 0;
+  uint64_t live_revisions = 0;
+  uint64_t aliases = 0;
+  uint64_t checkpoints = 0;
 };
 
 class Catalog {
@@ -167,6 +182,13 @@ class Catalog {
   // ---- blobs
   [[nodiscard]] absl::StatusOr<BlobRecord> GetBlob(const Hash128& hash) const;
   [[nodiscard]] absl::StatusOr<std::vector<BlobRecord>> ListBlobs() const;
+
+  // Cross-checks every record in one read transaction (no file I/O): policy name <-> id maps,
+  // revisions against their policy, base, seq index entry and blob record; index entries
+  // against revisions; aliases against live revisions of their policy; checkpoints against
+  // their policy; every blob refcount against the references counted from live revisions and
+  // checkpoints. A non-OK status only for read errors; inconsistencies go to `problems`.
+  [[nodiscard]] absl::StatusOr<CatalogIntegrity> CheckIntegrity() const;
 
   // Bytes of the LMDB data file (the used part of the map).
   [[nodiscard]] absl::StatusOr<uint64_t> DataBytes() const;

@@ -1,0 +1,565 @@
+#include "storage/store/store.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "storage/formats/model_config.h"
+#include "storage/formats/peft.h"
+#include "storage/formats/safetensors.h"
+#include "storage/store/adapter_blob.h"
+#include "storage/util/file_util.h"
+#include "storage/util/hash.h"
+#include "storage/util/status_macros.h"
+
+namespace loradb {
+
+absl::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kStorage:
+      return "storage";
+    case Tier::kCpu:
+      return "cpu";
+    case Tier::kGpu:
+      return "gpu";
+  }
+  return "unknown";
+}
+
+namespace {
+
+bool FileSize(const std::string& path, uint64_t* size) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  *size = static_cast<uint64_t>(st.st_size);
+  return true;
+}
+
+bool IsDir(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// Checks every tensor against the base's module table (the compatibility rule) and returns the
+// rank it implies (the largest A rank).
+absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
+                                        const std::vector<TensorView>& tensors) {
+  if (tensors.empty()) return absl::InvalidArgumentError("an adapter needs at least one tensor");
+  int32_t max_r = 0;
+  for (const TensorView& t : tensors) {
+    LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName n, peft::ParsePeftTensorName(t.name));
+    const bool side_b = n.side == peft::LoraSide::kB;
+    const ModuleShape* m = base.FindModule(n.module);
+    if (m == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': module '", n.module,
+                                                     "' is not in base '", base.name,
+                                                     "''s module table"));
+    }
+    if (t.shape.size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "' has shape ", ShapeString(t.shape), ", expected 2-D"));
+    }
+    // A: [r, in]; B: [out, r].
+    const int64_t dim = side_b ? t.shape[0] : t.shape[1];
+    const int64_t want = side_b ? m->out : m->in;
+    const int64_t r = side_b ? t.shape[1] : t.shape[0];
+    if (dim != want || r <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "' has shape ", ShapeString(t.shape), " but base '",
+                       base.name, "' module '", n.module, "' has in ", m->in, ", out ", m->out,
+                       " (A must be [r, ", m->in, "], B [", m->out, ", r])"));
+    }
+    max_r = std::max<int32_t>(max_r, static_cast<int32_t>(r));
+  }
+  return max_r;
+}
+
+// The PEFT config equivalent of a revision's LoRA settings. Rank patterns come first in
+// `modules` (r != 0), alpha patterns after (has_alpha), each in their original order.
+peft::LoraConfig ToPeftConfig(const LoraSettings& s) {
+  peft::LoraConfig c;
+  c.r = s.r;
+  c.lora_alpha = s.alpha;
+  c.use_rslora = s.use_rslora;
+  for (const auto& m : s.modules) {
+    if (m.r != 0) c.rank_pattern.emplace_back(m.pattern, m.r);
+    if (m.has_alpha) c.alpha_pattern.emplace_back(m.pattern, m.alpha);
+  }
+  c.target_modules = s.target_modules;
+  return c;
+}
+
+LoraSettings FromPeftConfig(const peft::LoraConfig& c) {
+  LoraSettings s;
+  s.r = c.r;
+  s.alpha = static_cast<float>(c.lora_alpha);
+  s.use_rslora = c.use_rslora;
+  for (const auto& [p, r] : c.rank_pattern) s.modules.push_back({p, r, 0, false});
+  for (const auto& [p, a] : c.alpha_pattern) {
+    s.modules.push_back({p, 0, static_cast<float>(a), true});
+  }
+  s.target_modules = c.target_modules;
+  return s;
+}
+
+constexpr char kPeftConfigKey[] = "loradb.peft_adapter_config";
+
+std::string CommonDType(const std::vector<TensorView>& tensors) {
+  std::string d;
+  for (const auto& t : tensors) {
+    const std::string name(DTypeName(t.dtype));
+    if (d.empty()) {
+      d = name;
+    } else if (d != name) {
+      return "mixed";
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+Store::Store(std::string dir, std::string blob_root, std::shared_ptr<Catalog> catalog)
+    : dir_(std::move(dir)), blob_root_(std::move(blob_root)), catalog_(std::move(catalog)) {}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
+                                                   const StoreOptions& options) {
+  if (!IsDir(dir) && !options.create_if_missing) {
+    return absl::NotFoundError(absl::StrCat("no store at '", dir, "' (run `loradb init`)"));
+  }
+  CatalogOptions copts = options.catalog;
+  copts.create_if_missing = options.create_if_missing;
+  LORADB_ASSIGN_OR_RETURN(std::shared_ptr<Catalog> catalog, Catalog::Open(dir, copts));
+  std::string blob_root = options.blob_root.empty() ? catalog->dir() + "/blobs" : options.blob_root;
+  LORADB_RETURN_IF_ERROR(CreateDirectories(blob_root));
+  return std::unique_ptr<Store>(new Store(catalog->dir(), std::move(blob_root), catalog));
+}
+
+// ---- bases
+
+absl::StatusOr<BaseRecord> Store::AddBase(BaseRecord base) {
+  LORADB_RETURN_IF_ERROR(catalog_->PutBase(base));
+  return catalog_->GetBase(base.name);
+}
+
+absl::StatusOr<BaseRecord> Store::AddBaseFromConfig(const std::string& name,
+                                                    const std::string& config_json_path,
+                                                    const std::string& weights) {
+  const std::string path =
+      IsDir(config_json_path) ? config_json_path + "/config.json" : config_json_path;
+  LORADB_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  LORADB_ASSIGN_OR_RETURN(ModelConfig cfg, ParseModelConfigJson(text));
+  BaseRecord b;
+  b.name = name;
+  b.arch.family = cfg.model_type;
+  b.arch.hidden_size = cfg.hidden_size;
+  b.arch.num_layers = cfg.num_hidden_layers;
+  b.arch.num_heads = cfg.num_attention_heads;
+  b.arch.num_kv_heads = cfg.num_key_value_heads;
+  b.arch.head_dim = cfg.head_dim;
+  b.arch.intermediate_size = cfg.is_moe() ? cfg.moe_intermediate_size : cfg.intermediate_size;
+  b.arch.num_experts = cfg.num_experts;
+  b.arch.vocab_size = cfg.vocab_size;
+  b.modules = cfg.LoraModules();
+  b.config_json = std::move(text);
+  if (!weights.empty()) {
+    // Fingerprint: xxh3-128 over every tensor's bytes in tensor-name order.
+    absl::StatusOr<TensorSet> set = absl::EndsWith(weights, ".json")
+                                        ? safetensors::ReadSharded(weights)
+                                        : safetensors::ReadFile(weights);
+    if (!set.ok()) return set.status();
+    std::vector<const TensorView*> order;
+    for (const auto& t : set->tensors()) order.push_back(&t);
+    std::sort(order.begin(), order.end(),
+              [](const TensorView* a, const TensorView* c) { return a->name < c->name; });
+    Xxh3_128Stream h;
+    for (const TensorView* t : order) h.Update(t->data, t->nbytes);
+    b.weights_fingerprint = h.Digest().Hex();
+  }
+  return AddBase(std::move(b));
+}
+
+absl::StatusOr<BaseRecord> Store::AddBaseFromModuleTable(const std::string& name,
+                                                         const std::string& json_text) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("modules") || !j["modules"].is_array()) {
+    return absl::InvalidArgumentError(
+        "module table must be a JSON object with a \"modules\" array of {name, in, out}");
+  }
+  BaseRecord b;
+  b.name = name;
+  b.arch.family = "custom";
+  for (const auto& m : j["modules"]) {
+    if (!m.is_object() || !m.contains("name") || !m["name"].is_string() || !m.contains("in") ||
+        !m["in"].is_number_integer() || !m.contains("out") || !m["out"].is_number_integer()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("module table entry ", m.dump(), " needs string name, integer in/out"));
+    }
+    b.modules.push_back(
+        {m["name"].get<std::string>(), m["in"].get<int64_t>(), m["out"].get<int64_t>()});
+  }
+  if (j.contains("architecture") && j["architecture"].is_object()) {
+    const auto& a = j["architecture"];
+    auto get = [&](const char* k) -> int64_t {
+      return a.contains(k) && a[k].is_number_integer() ? a[k].get<int64_t>() : 0;
+    };
+    if (a.contains("family") && a["family"].is_string()) b.arch.family = a["family"];
+    b.arch.hidden_size = get("hidden_size");
+    b.arch.num_layers = get("num_layers");
+    b.arch.num_heads = get("num_heads");
+    b.arch.num_kv_heads = get("num_kv_heads");
+    b.arch.head_dim = get("head_dim");
+    b.arch.intermediate_size = get("intermediate_size");
+    b.arch.num_experts = get("num_experts");
+    b.arch.vocab_size = get("vocab_size");
+  }
+  return AddBase(std::move(b));
+}
+
+absl::StatusOr<BaseRecord> Store::GetBase(const std::string& name) const {
+  return catalog_->GetBase(name);
+}
+
+absl::StatusOr<std::vector<BaseRecord>> Store::ListBases() const { return catalog_->ListBases(); }
+
+// ---- policies
+
+absl::StatusOr<PolicyRecord> Store::CreatePolicy(const std::string& name, const std::string& base,
+                                                 const std::map<std::string, std::string>& labels) {
+  return catalog_->CreatePolicy(name, base, labels);
+}
+
+absl::StatusOr<PolicyRecord> Store::GetPolicy(const std::string& name) const {
+  return catalog_->GetPolicy(name);
+}
+
+absl::StatusOr<std::vector<PolicyRecord>> Store::ListPolicies() const {
+  return catalog_->ListPolicies();
+}
+
+absl::Status Store::ArchivePolicy(const std::string& name, bool archived) {
+  return catalog_->SetPolicyArchived(name, archived);
+}
+
+// ---- blobs
+
+std::string Store::BlobPath(const Hash128& hash) const {
+  return absl::StrCat(blob_root_, "/", BlobRelPath(hash));
+}
+
+absl::StatusOr<std::string> Store::WriteBlob(const Hash128& hash, const std::string& bytes) const {
+  const std::string rel = BlobRelPath(hash);
+  const std::string path = absl::StrCat(blob_root_, "/", rel);
+  uint64_t size = 0;
+  if (FileSize(path, &size) && size == bytes.size()) return rel;  // content-addressed: present
+  // Fan-out directories: create and make their entries durable before the file's rename.
+  const std::string leaf = Dirname(path);
+  const std::string mid = Dirname(leaf);
+  const bool had_mid = IsDir(mid), had_leaf = IsDir(leaf);
+  LORADB_RETURN_IF_ERROR(CreateDirectories(leaf));
+  if (!had_mid) LORADB_RETURN_IF_ERROR(FsyncDirectory(blob_root_));
+  if (!had_leaf) LORADB_RETURN_IF_ERROR(FsyncDirectory(mid));
+  LORADB_RETURN_IF_ERROR(WriteFileAtomic(path, bytes));
+  return rel;
+}
+
+absl::StatusOr<TensorSet> Store::ReadBlobTensors(const BlobRef& ref) const {
+  return ReadAdapterBlob(BlobPath(ref.hash), ref);
+}
+
+// ---- publishing
+
+absl::StatusOr<RevisionRecord> Store::PublishTensors(const std::string& policy_name,
+                                                     const std::vector<TensorView>& tensors,
+                                                     const PublishOptions& options) {
+  auto found = catalog_->GetPolicy(policy_name);
+  PolicyRecord policy;
+  if (found.ok()) {
+    policy = std::move(*found);
+  } else if (absl::IsNotFound(found.status()) && !options.create_policy_base.empty()) {
+    LORADB_RETURN_IF_ERROR(ValidatePolicyName(policy_name));
+    policy.name = policy_name;  // id 0: created in the publish transaction
+    policy.base = options.create_policy_base;
+  } else {
+    return found.status();
+  }
+  if (policy.archived) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
+  }
+  LORADB_ASSIGN_OR_RETURN(BaseRecord base, catalog_->GetBase(policy.base));
+  LORADB_ASSIGN_OR_RETURN(int32_t r, CheckCompatible(base, tensors));
+  if (!options.alias.empty()) LORADB_RETURN_IF_ERROR(ValidateSettableAlias(options.alias));
+
+  LoraSettings lora = options.lora;
+  if (lora.r == 0) lora.r = r;
+  if (lora.alpha == 0) lora.alpha = static_cast<float>(lora.r);
+  // Every module has one A and one B, 2-D, floating point, ranks matching the settings.
+  LORADB_RETURN_IF_ERROR(peft::ValidateLoraTensors(ToPeftConfig(lora), tensors));
+
+  LORADB_ASSIGN_OR_RETURN(EncodedBlob blob,
+                          EncodeAdapterBlob(tensors, options.metadata, options.pack));
+  // 1. The blob file, durable (temp, fsync, rename, dir fsync). 2. The catalog transaction.
+  LORADB_ASSIGN_OR_RETURN(std::string rel, WriteBlob(blob.hash, blob.bytes));
+
+  NewRevision nr;
+  nr.policy_id = policy.id;
+  if (policy.id == 0) {
+    nr.create_policy = policy.name;
+    nr.create_policy_base = policy.base;
+  }
+  nr.parent = options.parent;
+  nr.source = options.source;
+  nr.lora = std::move(lora);
+  nr.dtype = CommonDType(tensors);
+  nr.layout = blob.layout;
+  nr.blob = BlobRef{blob.hash, blob.bytes.size(), static_cast<uint32_t>(tensors.size())};
+  nr.evals = options.evals;
+  nr.alias = options.alias;
+  return catalog_->Publish(nr, rel);
+}
+
+absl::StatusOr<RevisionRecord> Store::PublishPeftDir(const std::string& policy,
+                                                     const std::string& peft_dir,
+                                                     PublishOptions options) {
+  LORADB_ASSIGN_OR_RETURN(peft::PeftAdapter adapter, peft::ReadPeftDir(peft_dir));
+  options.lora = FromPeftConfig(adapter.config);
+  LORADB_ASSIGN_OR_RETURN(std::string config_json, adapter.config.ToJson());
+  options.metadata[kPeftConfigKey] = config_json;
+  if (options.source.kind == SourceKind::kImported) {
+    if (options.source.origin.empty()) options.source.origin = peft_dir;
+    Xxh3_128Stream h;
+    for (const auto& t : adapter.tensors.tensors()) h.Update(t.data, t.nbytes);
+    options.source.content_hash = h.Digest().Hex();
+  }
+  return PublishTensors(policy, adapter.tensors.tensors(), options);
+}
+
+absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& out_dir) const {
+  LORADB_ASSIGN_OR_RETURN(TensorSet tensors, ReadTensors(rev));
+  peft::LoraConfig config;
+  auto it = tensors.metadata().find(kPeftConfigKey);
+  if (it != tensors.metadata().end()) {
+    LORADB_ASSIGN_OR_RETURN(config, peft::ParseLoraConfig(it->second));
+  } else {
+    config = ToPeftConfig(rev.lora);
+  }
+  return peft::WritePeftDir(out_dir, config, tensors.tensors());
+}
+
+absl::StatusOr<RevisionRecord> Store::PublishSafetensors(const std::string& policy,
+                                                         const std::string& path,
+                                                         PublishOptions options) {
+  LORADB_ASSIGN_OR_RETURN(TensorSet set, safetensors::ReadFile(path));
+  if (options.source.origin.empty()) options.source.origin = path;
+  return PublishTensors(policy, set.tensors(), options);
+}
+
+// ---- reading
+
+absl::StatusOr<RevisionRecord> Store::GetRevision(uint64_t id) const {
+  return catalog_->GetRevision(id);
+}
+
+absl::StatusOr<RevisionRecord> Store::GetRevision(const std::string& policy, uint64_t seq) const {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  return catalog_->GetRevisionBySeq(p.id, seq);
+}
+
+absl::StatusOr<RevisionRecord> Store::GetRevisionByAlias(const std::string& policy,
+                                                         const std::string& alias) const {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  auto r = catalog_->GetRevisionByAlias(p.id, alias);
+  if (absl::IsNotFound(r.status())) {
+    return absl::NotFoundError(absl::StrCat("policy '", policy, "' has no alias '", alias, "'"));
+  }
+  return r;
+}
+
+absl::StatusOr<RevisionRecord> Store::Resolve(const std::string& ref) const {
+  uint64_t id = 0;
+  if (absl::SimpleAtoi(ref, &id)) return GetRevision(id);
+  const size_t colon = ref.rfind(':');
+  if (colon != std::string::npos) {
+    return GetRevisionByAlias(ref.substr(0, colon), ref.substr(colon + 1));
+  }
+  const size_t at = ref.rfind('@');
+  if (at != std::string::npos && absl::SimpleAtoi(ref.substr(at + 1), &id)) {
+    return GetRevision(ref.substr(0, at), id);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("bad revision reference '", ref,
+                                                 "': expected an id, POLICY:ALIAS or POLICY@SEQ"));
+}
+
+absl::StatusOr<Page<RevisionRecord>> Store::ListRevisions(const std::string& policy,
+                                                          uint64_t after_seq, size_t limit) const {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  return catalog_->ListPolicyRevisions(p.id, after_seq, limit);
+}
+
+absl::StatusOr<Page<RevisionRecord>> Store::ListAllRevisions(uint64_t after_id,
+                                                             size_t limit) const {
+  return catalog_->ListRevisions(after_id, limit);
+}
+
+absl::StatusOr<TensorSet> Store::ReadTensors(const RevisionRecord& rev) const {
+  if (rev.state != RevisionState::kLive) {
+    return absl::FailedPreconditionError(absl::StrCat("revision ", rev.id, " is deleted"));
+  }
+  return ReadBlobTensors(rev.blob);
+}
+
+// ---- aliases and lifecycle
+
+absl::Status Store::SetAlias(const std::string& policy, const std::string& alias, uint64_t revision,
+                             const std::string& reason) {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  return catalog_->SetAlias(p.id, alias, revision, reason);
+}
+
+absl::StatusOr<uint64_t> Store::Rollback(const std::string& policy, const std::string& alias) {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  return catalog_->Rollback(p.id, alias);
+}
+
+absl::StatusOr<std::vector<AliasEntry>> Store::ListAliases(const std::string& policy) const {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  return catalog_->ListAliases(p.id);
+}
+
+absl::Status Store::DeleteRevision(uint64_t id) { return catalog_->DeleteRevision(id); }
+
+// ---- checkpoints
+
+absl::StatusOr<CheckpointRecord> Store::PutCheckpoint(const std::string& policy, uint64_t step,
+                                                      uint64_t parent,
+                                                      const CheckpointParts& parts) {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  if (parts.master.empty()) {
+    return absl::InvalidArgumentError("a checkpoint needs master adapter weights");
+  }
+  auto write_tensors = [&](const std::vector<TensorView>& t) -> absl::StatusOr<BlobRef> {
+    if (t.empty()) return BlobRef{};
+    LORADB_ASSIGN_OR_RETURN(EncodedBlob b, EncodeAdapterBlob(t, {{"loradb.kind", "checkpoint"}},
+                                                             /*pack=*/false));
+    LORADB_RETURN_IF_ERROR(WriteBlob(b.hash, b.bytes).status());
+    return BlobRef{b.hash, b.bytes.size(), static_cast<uint32_t>(t.size())};
+  };
+  NewCheckpoint nc;
+  nc.policy_id = p.id;
+  nc.step = step;
+  nc.parent = parent;
+  LORADB_ASSIGN_OR_RETURN(nc.master, write_tensors(parts.master));
+  LORADB_ASSIGN_OR_RETURN(nc.optimizer, write_tensors(parts.optimizer));
+  LORADB_ASSIGN_OR_RETURN(nc.gradients, write_tensors(parts.gradients));
+  if (!parts.rollout.empty()) {
+    const Hash128 h = Xxh3_128(parts.rollout.data(), parts.rollout.size());
+    LORADB_RETURN_IF_ERROR(WriteBlob(h, parts.rollout).status());
+    nc.rollout = BlobRef{h, parts.rollout.size(), 0};
+  }
+  nc.scheduler_name = parts.scheduler_name;
+  nc.scheduler_position = parts.scheduler_position;
+  nc.rng_state = parts.rng_state;
+  return catalog_->PutCheckpoint(nc);
+}
+
+absl::StatusOr<CheckpointRecord> Store::GetCheckpoint(uint64_t id) const {
+  return catalog_->GetCheckpoint(id);
+}
+
+absl::StatusOr<TensorSet> Store::ReadCheckpointTensors(const BlobRef& ref) const {
+  if (ref.empty()) return TensorSet();
+  return ReadBlobTensors(ref);
+}
+
+absl::StatusOr<std::string> Store::ReadOpaqueBlob(const BlobRef& ref) const {
+  if (ref.empty()) return std::string();
+  const std::string path = BlobPath(ref.hash);
+  LORADB_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+  if (bytes.size() != ref.bytes || !(Xxh3_128(bytes.data(), bytes.size()) == ref.hash)) {
+    return absl::DataLossError(absl::StrCat("blob ", path, " does not match its checksum"));
+  }
+  return bytes;
+}
+
+// ---- Locate
+
+absl::StatusOr<Located> Store::Locate(const std::string& policy, const std::string& alias) const {
+  Located out;
+  LORADB_ASSIGN_OR_RETURN(out.revision, GetRevisionByAlias(policy, alias));
+  LORADB_ASSIGN_OR_RETURN(out.base, catalog_->GetBase(out.revision.base));
+  if (out.revision.source.kind == SourceKind::kTrained && out.revision.source.checkpoint_id != 0) {
+    auto ck = catalog_->GetCheckpoint(out.revision.source.checkpoint_id);
+    if (ck.ok()) {
+      out.checkpoint = std::move(*ck);
+    } else if (!absl::IsNotFound(ck.status())) {
+      return ck.status();
+    }
+  }
+  out.location.tier = Tier::kStorage;
+  out.location.blob_path = BlobPath(out.revision.blob.hash);
+  out.location.hash = out.revision.blob.hash;
+  out.location.bytes = out.revision.blob.bytes;
+  return out;
+}
+
+// ---- Verify
+
+absl::StatusOr<VerifyReport> Store::Verify() const {
+  VerifyReport rep;
+  LORADB_ASSIGN_OR_RETURN(rep.catalog, catalog_->CheckIntegrity());
+  rep.problems = rep.catalog.problems;
+  std::set<std::string> known;
+  for (const BlobRecord& b : rep.catalog.blobs) {
+    const std::string path = absl::StrCat(blob_root_, "/", b.relpath);
+    known.insert(b.relpath);
+    ++rep.blobs_checked;
+    if (b.refcount == 0) {
+      rep.reclaimable.push_back(path);
+      rep.reclaimable_bytes += b.bytes;
+    }
+    auto map = MappedFile::Open(path);
+    if (!map.ok()) {
+      // An unreferenced record's file may be gone (compaction); a referenced one must not be.
+      if (b.refcount > 0)
+        rep.problems.push_back(
+            absl::StrCat("blob ", path, ": missing (", map.status().message(), ")"));
+      continue;
+    }
+    rep.bytes_checked += map->size();
+    if (map->size() != b.bytes) {
+      rep.problems.push_back(
+          absl::StrCat("blob ", path, ": ", map->size(), " bytes, recorded ", b.bytes));
+      continue;
+    }
+    if (!(Xxh3_128(map->data(), map->size()) == b.hash)) {
+      rep.problems.push_back(absl::StrCat("blob ", path, ": xxh3-128 does not match its name"));
+    }
+  }
+  // Files nobody references (a publish that died before its catalog commit, temp files).
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(blob_root_, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    const std::string full = it->path().string();
+    const std::string rel = full.substr(blob_root_.size() + 1);
+    if (known.count(rel)) continue;
+    rep.reclaimable.push_back(full);
+    rep.reclaimable_bytes += it->file_size();
+  }
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("walk ", blob_root_));
+  return rep;
+}
+
+}  // namespace loradb

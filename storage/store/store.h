@@ -1,0 +1,219 @@
+// loradb::Store: the facade over the catalog (storage/catalog) and the content-addressed blob
+// files. It registers bases, creates policies, publishes adapter revisions (from tensors, a PEFT
+// directory or a safetensors file) crash-safely, resolves revisions by id, (policy, seq) or
+// (policy, alias), moves and rolls back aliases, stores training checkpoints, answers the four
+// questions of Locate(), exports PEFT directories and verifies the whole store.
+//
+// Thread-safe. One Store per process per directory is the normal use; a second Store over the
+// same directory shares the same catalog environment. Residency tiers (CPU cache, device slots)
+// join later as members; Locate() reports the tier the bytes are in.
+#ifndef LORADB_STORAGE_STORE_STORE_H_
+#define LORADB_STORAGE_STORE_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/catalog/catalog.h"
+#include "storage/formats/tensor.h"
+
+namespace loradb {
+
+struct StoreOptions {
+  // Create the store directory and catalog when missing (otherwise NotFound).
+  bool create_if_missing = true;
+  // Where blob files live; default `<store>/blobs`. May be shared storage.
+  std::string blob_root;
+  CatalogOptions catalog;
+};
+
+// Where a revision's bytes are. Grows with the tiers: storage today, cpu / gpu when the tier
+// members exist.
+enum class Tier : uint8_t { kStorage = 0, kCpu = 1, kGpu = 2 };
+absl::string_view TierName(Tier tier);
+
+struct Location {
+  Tier tier = Tier::kStorage;
+  std::string blob_path;  // absolute path of the blob file (always set: storage is the floor)
+  Hash128 hash;
+  uint64_t bytes = 0;
+};
+
+// Store::Locate's four answers.
+struct Located {
+  BaseRecord base;                             // which base can run the revision
+  std::optional<CheckpointRecord> checkpoint;  // which checkpoint restores its training
+  RevisionRecord revision;                     // which revision the alias serves
+  Location location;                           // where the bytes are now
+};
+
+// How a revision is published. `lora` must be set for PublishTensors (r 0: taken from the
+// tensors); PEFT imports take it from adapter_config.json.
+struct PublishOptions {
+  std::string alias;  // moved to the new revision in the same transaction when set
+  // When the policy does not exist and this names a base: create the policy on that base in
+  // the publish transaction (nothing is created if the publish fails).
+  std::string create_policy_base;
+  uint64_t parent = 0;
+  RevisionSource source;
+  LoraSettings lora;
+  bool pack = false;  // packed MoE layout (needs the packed blob format)
+  std::map<std::string, float> evals;
+  // Free-form string metadata stored in the blob (e.g. the original adapter_config.json).
+  std::map<std::string, std::string> metadata;
+};
+
+// What Verify found. `problems` empty means the store is consistent.
+struct VerifyReport {
+  std::vector<std::string> problems;
+  // Files under the blob root that no record references, and blob records with refcount 0:
+  // safe to delete (compaction), not errors.
+  std::vector<std::string> reclaimable;
+  uint64_t reclaimable_bytes = 0;
+  uint64_t blobs_checked = 0;
+  uint64_t bytes_checked = 0;
+  CatalogIntegrity catalog;
+  bool ok() const { return problems.empty(); }
+};
+
+// A checkpoint's parts as tensors/bytes; the Store writes each non-empty part as a blob.
+struct CheckpointParts {
+  std::vector<TensorView> master;     // master adapter weights (required)
+  std::vector<TensorView> optimizer;  // optimizer moments
+  std::vector<TensorView> gradients;  // accumulated gradients
+  std::string scheduler_name;
+  int64_t scheduler_position = 0;
+  std::string rng_state;
+  std::string rollout;  // rollout records, opaque bytes
+};
+
+class Store {
+ public:
+  // Opens (or creates) the store in `dir`: `<dir>/catalog` (LMDB) and the blob root.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Store>> Open(
+      const std::string& dir, const StoreOptions& options = {});
+
+  const std::string& dir() const { return dir_; }
+  const std::string& blob_root() const { return blob_root_; }
+  Catalog& catalog() const { return *catalog_; }
+
+  // ---- bases
+  // Registers a base with an explicit module table. AlreadyExists / InvalidArgument.
+  [[nodiscard]] absl::StatusOr<BaseRecord> AddBase(BaseRecord base);
+  // Registers a base from a Hugging Face config.json (Qwen3 family); `weights` (optional) is a
+  // safetensors file or a model.safetensors.index.json whose tensor bytes are fingerprinted.
+  [[nodiscard]] absl::StatusOr<BaseRecord> AddBaseFromConfig(const std::string& name,
+                                                             const std::string& config_json_path,
+                                                             const std::string& weights = "");
+  // Registers a base from a JSON module table: {"modules": [{"name":..,"in":..,"out":..}, ...],
+  // optional "architecture": {...}}.
+  [[nodiscard]] absl::StatusOr<BaseRecord> AddBaseFromModuleTable(const std::string& name,
+                                                                  const std::string& json_text);
+  [[nodiscard]] absl::StatusOr<BaseRecord> GetBase(const std::string& name) const;
+  [[nodiscard]] absl::StatusOr<std::vector<BaseRecord>> ListBases() const;
+
+  // ---- policies
+  [[nodiscard]] absl::StatusOr<PolicyRecord> CreatePolicy(
+      const std::string& name, const std::string& base,
+      const std::map<std::string, std::string>& labels = {});
+  [[nodiscard]] absl::StatusOr<PolicyRecord> GetPolicy(const std::string& name) const;
+  [[nodiscard]] absl::StatusOr<std::vector<PolicyRecord>> ListPolicies() const;
+  [[nodiscard]] absl::Status ArchivePolicy(const std::string& name, bool archived = true);
+
+  // ---- publishing (crash-safe: blob file durable before the catalog transaction)
+  // `tensors` are named as PEFT saves them ("base_model.model.<module>.lora_A.weight", ...).
+  // Every tensor's module must exist in the policy base's module table with matching dims
+  // (A: [r, in], B: [out, r]); a mismatch is InvalidArgument naming the tensor.
+  [[nodiscard]] absl::StatusOr<RevisionRecord> PublishTensors(
+      const std::string& policy, const std::vector<TensorView>& tensors,
+      const PublishOptions& options);
+  // Imports a PEFT directory (adapter_config.json + adapter_model.safetensors): LoRA settings
+  // from the config (which is also kept verbatim in the blob for export); source = imported
+  // with origin `peft_dir` and the xxh3-128 of the tensor bytes. Unsupported PEFT features
+  // (DoRA, modules_to_save, ...) are refused by name.
+  [[nodiscard]] absl::StatusOr<RevisionRecord> PublishPeftDir(const std::string& policy,
+                                                              const std::string& peft_dir,
+                                                              PublishOptions options = {});
+  // Imports a safetensors file of PEFT-named LoRA tensors; `options.lora` describes them.
+  [[nodiscard]] absl::StatusOr<RevisionRecord> PublishSafetensors(const std::string& policy,
+                                                                  const std::string& path,
+                                                                  PublishOptions options);
+
+  // ---- reading
+  [[nodiscard]] absl::StatusOr<RevisionRecord> GetRevision(uint64_t id) const;
+  [[nodiscard]] absl::StatusOr<RevisionRecord> GetRevision(const std::string& policy,
+                                                           uint64_t seq) const;
+  [[nodiscard]] absl::StatusOr<RevisionRecord> GetRevisionByAlias(const std::string& policy,
+                                                                  const std::string& alias) const;
+  // Resolves a reference: "123" (revision id), "POLICY:ALIAS" or "POLICY@SEQ".
+  [[nodiscard]] absl::StatusOr<RevisionRecord> Resolve(const std::string& ref) const;
+  // A policy's live revisions in seq order after `after_seq` (cursor), at most `limit`.
+  [[nodiscard]] absl::StatusOr<Page<RevisionRecord>> ListRevisions(const std::string& policy,
+                                                                   uint64_t after_seq,
+                                                                   size_t limit) const;
+  // All live revisions in id order after `after_id`, at most `limit`.
+  [[nodiscard]] absl::StatusOr<Page<RevisionRecord>> ListAllRevisions(uint64_t after_id,
+                                                                      size_t limit) const;
+  // The revision's tensors (PEFT names) from its blob, checksum verified.
+  [[nodiscard]] absl::StatusOr<TensorSet> ReadTensors(const RevisionRecord& rev) const;
+  // The absolute path of a blob.
+  std::string BlobPath(const Hash128& hash) const;
+
+  // ---- aliases and lifecycle
+  [[nodiscard]] absl::Status SetAlias(const std::string& policy, const std::string& alias,
+                                      uint64_t revision, const std::string& reason = "set");
+  // Returns the revision the alias points at after the rollback.
+  [[nodiscard]] absl::StatusOr<uint64_t> Rollback(const std::string& policy,
+                                                  const std::string& alias);
+  [[nodiscard]] absl::StatusOr<std::vector<AliasEntry>> ListAliases(
+      const std::string& policy) const;
+  // FailedPrecondition while an alias points at it. The blob file stays until compaction.
+  [[nodiscard]] absl::Status DeleteRevision(uint64_t id);
+
+  // ---- checkpoints
+  [[nodiscard]] absl::StatusOr<CheckpointRecord> PutCheckpoint(const std::string& policy,
+                                                               uint64_t step, uint64_t parent,
+                                                               const CheckpointParts& parts);
+  [[nodiscard]] absl::StatusOr<CheckpointRecord> GetCheckpoint(uint64_t id) const;
+  // Reads one checkpoint blob back (tensors), checksum verified.
+  [[nodiscard]] absl::StatusOr<TensorSet> ReadCheckpointTensors(const BlobRef& ref) const;
+  // Reads an opaque blob (e.g. rollout records) back, checksum verified.
+  [[nodiscard]] absl::StatusOr<std::string> ReadOpaqueBlob(const BlobRef& ref) const;
+
+  // ---- the four questions, and export
+  [[nodiscard]] absl::StatusOr<Located> Locate(const std::string& policy,
+                                               const std::string& alias) const;
+
+  // Writes the revision as a PEFT directory (adapter_config.json + adapter_model.safetensors)
+  // that PyPI peft loads onto the matching base. Tensors are bit-identical to the import; an
+  // imported adapter_config.json is written back as it was.
+  [[nodiscard]] absl::Status ExportPeftDir(const RevisionRecord& rev,
+                                           const std::string& out_dir) const;
+
+  // ---- verification
+  // Catalog cross-checks plus every blob file present with matching size and xxh3-128; files
+  // no record references are reported as reclaimable. Non-OK status only for I/O errors that
+  // stop the walk.
+  [[nodiscard]] absl::StatusOr<VerifyReport> Verify() const;
+
+ private:
+  Store(std::string dir, std::string blob_root, std::shared_ptr<Catalog> catalog);
+  // Writes `bytes` as the blob `hash` (temp name, fsync, rename, directory fsyncs) unless a
+  // file of that size is already there. Returns the relative path.
+  [[nodiscard]] absl::StatusOr<std::string> WriteBlob(const Hash128& hash,
+                                                      const std::string& bytes) const;
+  [[nodiscard]] absl::StatusOr<TensorSet> ReadBlobTensors(const BlobRef& ref) const;
+
+  std::string dir_;
+  std::string blob_root_;
+  std::shared_ptr<Catalog> catalog_;
+};
+
+}  // namespace loradb
+
+#endif  // LORADB_STORAGE_STORE_STORE_H_
