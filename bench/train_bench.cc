@@ -287,7 +287,9 @@ absl::Status RunConcurrent(const Flags& f) {
 
 absl::Status RunTrainBench(const std::vector<std::string>& args) {
   LORADB_ASSIGN_OR_RETURN(Flags f, ParseFlags(args));
-  at::set_num_threads(2);
+  // One intra-op thread: on this shared 2-core machine OpenMP threads oversubscribe and the
+  // tiny model's ops gain nothing from more.
+  at::set_num_threads(1);
   if (f.which == "all" || f.which == "concurrent") LORADB_RETURN_IF_ERROR(RunConcurrent(f));
   if (f.which == "all" || f.which == "handoff") LORADB_RETURN_IF_ERROR(RunHandoff(f));
   return absl::OkStatus();
