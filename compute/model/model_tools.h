@@ -45,6 +45,31 @@ struct LogitsRequest {
 [[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(
     const LogitsRequest& request);
 
+// One decode-throughput measurement: `batch` sequences prefilled with `prompt_len` random tokens
+// in one batched forward, then `steps` greedy decode steps through the KV cache, every step one
+// forward of `batch` rows. Rows use `num_adapters` distinct random rank-`rank` adapters on every
+// q/k/v/o/gate/up/down projection (0: base only; adapters assigned round-robin to sequences),
+// applied by the kernels (applier "kernel") or the torch reference ("torch").
+struct DecodeBenchOptions {
+  std::string model_dir;
+  int64_t batch = 16;
+  int64_t prompt_len = 16;
+  int64_t steps = 8;
+  int64_t num_adapters = 0;
+  int64_t rank = 16;
+  std::string applier = "kernel";
+  uint64_t seed = 1;
+};
+struct DecodeBenchResult {
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;
+  double decode_step_ms_p50 = 0;
+  int64_t kernel_calls = 0;
+  int64_t fallback_calls = 0;
+};
+[[nodiscard]] absl::StatusOr<DecodeBenchResult> RunDecodeBenchmark(
+    const DecodeBenchOptions& options);
+
 }  // namespace loradb::model
 
 #endif  // LORADB_COMPUTE_MODEL_MODEL_TOOLS_H_
