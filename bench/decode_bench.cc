@@ -6,7 +6,7 @@
 // merge W += scale B A, serve that adapter's requests grouped; merge time counted).
 // Goal lines (issue 6): 64 distinct adapters >= 0.6x base-only decode tokens/s at the same
 // batch; distinct adapters well ahead (>= 2x) of the merge path.
-// Flags: --batches=16,64 --steps=N --prompt=N --rank=N --config=PATH.
+// Flags: --batches=16,64 --steps=N --prompt=N --rank=N --lora-threads=N --config=PATH.
 #if defined(LORADB_COMPUTE_AVAILABLE)
 
 #include <unistd.h>
@@ -29,7 +29,7 @@ namespace {
 
 struct Options {
   std::vector<int64_t> batches = {16, 64};
-  int64_t steps = 16, prompt = 16, rank = 16;
+  int64_t steps = 16, prompt = 16, rank = 16, lora_threads = 1;
   std::string config = std::string(LORADB_SOURCE_DIR) + "/compute/configs/bench-60m.json";
 };
 
@@ -52,6 +52,8 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
       ok = num(9, &o->prompt);
     } else if (a.rfind("--rank=", 0) == 0) {
       ok = num(7, &o->rank);
+    } else if (a.rfind("--lora-threads=", 0) == 0) {
+      ok = num(15, &o->lora_threads);
     } else if (a.rfind("--config=", 0) == 0) {
       o->config = a.substr(9);
     } else {
@@ -129,7 +131,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   absl::Status result = absl::OkStatus();
   {
     absl::StatusOr<std::unique_ptr<decoder::DecodeBenchHarness>> h =
-        decoder::DecodeBenchHarness::Create(o.config, dir, adapters, o.rank);
+        decoder::DecodeBenchHarness::Create(o.config, dir, adapters, o.rank,
+                                            static_cast<int>(o.lora_threads));
     if (!h.ok()) {
       result = h.status();
     } else {

@@ -1,7 +1,6 @@
 #include "compute/decoder/decode_bench_tools.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
@@ -52,15 +51,15 @@ int64_t DecodeBenchHarness::num_parameters() const { return s_->model->num_param
 uint64_t DecodeBenchHarness::adapter_bytes() const { return s_->adapter_bytes; }
 
 absl::StatusOr<std::unique_ptr<DecodeBenchHarness>> DecodeBenchHarness::Create(
-    const std::string& config_path, const std::string& work_dir, int64_t max_adapters,
-    int64_t rank) {
+    const std::string& config_path, const std::string& work_dir, int64_t max_adapters, int64_t rank,
+    int lora_threads) {
   c10::InferenceMode inference;
   auto s = std::make_unique<State>();
   LORADB_ASSIGN_OR_RETURN(s->config, ReadModelConfig(config_path));
   s->model_dir = work_dir + "/model";
   LORADB_RETURN_IF_ERROR(model::WriteRandomCheckpoint(s->config, s->model_dir, 1, at::kFloat));
   LORADB_ASSIGN_OR_RETURN(s->model, model::Qwen3Model::Load(s->model_dir));
-  s->applier = std::make_unique<model::KernelLoraApplier>(at::get_num_threads());
+  s->applier = std::make_unique<model::KernelLoraApplier>(lora_threads);
   s->model->set_lora_applier(s->applier.get());
   LORADB_ASSIGN_OR_RETURN(TensorSet base, model::ReadCheckpointTensors(s->model_dir));
   s->base_tensors = std::make_shared<const TensorSet>(std::move(base));

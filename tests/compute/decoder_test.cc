@@ -194,6 +194,10 @@ TEST_F(DecoderTest, SixteenAdaptersInOneBatchMatchMergedWeightsAlone) {
   EXPECT_EQ(d->stats().steps, 6);
   EXPECT_EQ(d->stats().deferrals, 0);
   EXPECT_GT(applier_.kernel_calls(), 0);
+  // Prefill (runs of rows per adapter) went through SGMV, decode steps through BGMV.
+  EXPECT_GT(applier_.sgmv_calls(), 0);
+  EXPECT_LT(applier_.sgmv_calls(), applier_.kernel_calls());
+  EXPECT_EQ(applier_.fallback_calls(), 0);
   int differs_from_base = 0;
   std::unique_ptr<Decoder> base = NewDecoder(nullptr);
   for (int i = 0; i < kN; ++i) {
