@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,6 +37,16 @@ namespace {
 constexpr uint64_t kMapThreshold = uint64_t{4} << 20;
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
 
+// LORADB_HOST_HUGEPAGES=0 turns the huge-page advice off (direct compaction can stall
+// allocations on a host whose memory is fragmented).
+bool HugePagesWanted() {
+  static const bool wanted = [] {
+    const char* v = std::getenv("LORADB_HOST_HUGEPAGES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return wanted;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t size, bool pin) {
@@ -46,7 +57,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t size, 
     capacity = AlignUp(capacity, kHugePage);
     void* m = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m != MAP_FAILED) {
-      (void)::madvise(m, capacity, MADV_HUGEPAGE);
+      if (HugePagesWanted()) (void)::madvise(m, capacity, MADV_HUGEPAGE);
 #if defined(MADV_POPULATE_WRITE)
       (void)::madvise(m, capacity, MADV_POPULATE_WRITE);
 #endif
