@@ -1,11 +1,13 @@
 #include "storage/catalog/catalog.h"
 
+#include <fcntl.h>
 #include <lmdb.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -502,10 +504,13 @@ absl::Status Catalog::Init() {
   const std::string env_dir = dir_ + "/catalog";
   struct stat sb;
   const bool exists = ::stat((env_dir + "/data.mdb").c_str(), &sb) == 0;
-  if (!exists && !options_.create_if_missing) {
+  if (!exists && (!options_.create_if_missing || options_.read_only)) {
     return absl::NotFoundError(absl::StrCat("catalog: no catalog in '", dir_, "'"));
   }
-  LORADB_RETURN_IF_ERROR(CreateDirectories(env_dir));
+  if (options_.no_lock && !options_.read_only) {
+    return absl::InvalidArgumentError("catalog: no_lock requires read_only");
+  }
+  if (!options_.read_only) LORADB_RETURN_IF_ERROR(CreateDirectories(env_dir));
   int rc = mdb_env_create(&env_);
   if (rc != 0) return LmdbError(rc, "env create");
   mdb_env_set_maxdbs(env_, 16);
@@ -514,6 +519,8 @@ absl::Status Catalog::Init() {
   if (rc != 0) return LmdbError(rc, "set map size");
   unsigned flags = MDB_NOTLS;
   if (options_.no_sync) flags |= MDB_NOSYNC;
+  if (options_.read_only) flags |= MDB_RDONLY;
+  if (options_.no_lock) flags |= MDB_NOLOCK;
   rc = mdb_env_open(env_, env_dir.c_str(), flags, 0644);
   if (rc != 0) return LmdbError(rc, absl::StrCat("open ", env_dir));
   int dead = 0;
@@ -582,6 +589,10 @@ absl::Status Catalog::Init() {
   }
   mdb_txn_abort(txn);
   if (!absl::IsNotFound(st)) return st;
+  if (options_.read_only) {
+    return absl::FailedPreconditionError(absl::StrCat("catalog: read-only catalog in '", dir_,
+                                                      "' is not initialised: ", st.message()));
+  }
 
   // A fresh environment: create the databases and write meta.
   rc = mdb_txn_begin(env_, nullptr, 0, &txn);
@@ -680,6 +691,10 @@ absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) cons
 }
 
 absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
+  if (options_.read_only) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "catalog: '", dir_, "' is open read-only (a replica); writes go to the writer"));
+  }
   for (int attempt = 0; attempt < 32; ++attempt) {
     uint64_t grow_to = 0;
     bool adopt = false;
@@ -1272,6 +1287,36 @@ absl::StatusOr<uint64_t> Catalog::DataBytes() const {
   rc = mdb_env_stat(env_, &st);
   if (rc != 0) return LmdbError(rc, "env stat");
   return static_cast<uint64_t>(info.me_last_pgno + 1) * st.ms_psize;
+}
+
+absl::StatusOr<uint64_t> Catalog::LastTxnId() const {
+  MDB_envinfo info;
+  const int rc = mdb_env_info(env_, &info);
+  if (rc != 0) return LmdbError(rc, "env info");
+  return static_cast<uint64_t>(info.me_last_txnid);
+}
+
+absl::StatusOr<uint64_t> Catalog::CopySnapshot(const std::string& dest_dir) const {
+  const std::string data = dest_dir + "/data.mdb";
+  struct stat sb;
+  if (::stat(data.c_str(), &sb) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat("catalog: snapshot target ", data, " exists"));
+  }
+  // Read before the copy's own read transaction begins: a lower bound of what it holds.
+  LORADB_ASSIGN_OR_RETURN(const uint64_t txnid, LastTxnId());
+  {
+    absl::ReaderMutexLock lock(&resize_mu_);
+    const int rc = mdb_env_copy2(env_, dest_dir.c_str(), MDB_CP_COMPACT);
+    if (rc != 0) return LmdbError(rc, absl::StrCat("copy to ", dest_dir));
+  }
+  const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("catalog: open ", data));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoToStatus(err, absl::StrCat("catalog: fsync ", data));
+  LORADB_RETURN_IF_ERROR(FsyncDirectory(dest_dir));
+  return txnid;
 }
 
 }  // namespace loradb

@@ -31,6 +31,12 @@ struct CatalogOptions {
   uint64_t initial_map_bytes = uint64_t{1} << 30;
   // MDB_NOSYNC: commits are not fsynced (benchmarks and tests of speed only; not crash-safe).
   bool no_sync = false;
+  // MDB_RDONLY: every write fails (FailedPrecondition); never creates a catalog. For replicas
+  // (storage/replication) and inspection.
+  bool read_only = false;
+  // MDB_NOLOCK: no lock file and no reader table. Only for an environment no process will ever
+  // write again (an immutable replica generation); requires read_only.
+  bool no_lock = false;
 };
 
 // What a new revision is made of; the catalog assigns id, seq, base, created time and state.
@@ -197,6 +203,15 @@ class Catalog {
 
   // Bytes of the LMDB data file (the used part of the map).
   [[nodiscard]] absl::StatusOr<uint64_t> DataBytes() const;
+
+  // The id of the last committed write transaction of the environment (any process).
+  [[nodiscard]] absl::StatusOr<uint64_t> LastTxnId() const;
+
+  // Writes a consistent, compacted copy of the environment (mdb_env_copy2 with MDB_CP_COMPACT,
+  // which takes one read transaction) as `<dest_dir>/data.mdb` and fsyncs it. `dest_dir` must
+  // exist and hold no data.mdb. Returns a lower bound of the copied transaction id: every write
+  // committed before the call is in the copy.
+  [[nodiscard]] absl::StatusOr<uint64_t> CopySnapshot(const std::string& dest_dir) const;
 
  private:
   Catalog(std::string dir, const CatalogOptions& options);
