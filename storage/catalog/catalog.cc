@@ -267,11 +267,7 @@ absl::StatusOr<std::pair<uint64_t, AliasLogEntry>> TxnLastAliasLog(MDB_txn* txn,
 absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecord& policy,
                          const std::string& alias, uint64_t to, const std::string& reason,
                          int64_t now) {
-  LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
-  if (alias == kVirtualLatest) {
-    return absl::InvalidArgumentError(
-        "alias 'latest' is reserved: it always names the policy's newest live revision");
-  }
+  LORADB_RETURN_IF_ERROR(ValidateSettableAlias(alias));
   if (policy.archived) {
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; its aliases cannot move"));

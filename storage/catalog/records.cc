@@ -72,6 +72,14 @@ absl::Status ValidateAliasName(absl::string_view name) {
   return ValidateName("alias", name, 64, "_.-", false);
 }
 
+absl::Status ValidateSettableAlias(absl::string_view name) {
+  if (name == "latest") {
+    return absl::InvalidArgumentError(
+        "alias 'latest' is reserved: it always names the policy's newest live revision");
+  }
+  return ValidateAliasName(name);
+}
+
 std::string BlobRelPath(const Hash128& hash) {
   const std::string hex = hash.Hex();
   return absl::StrCat(hex.substr(0, 2), "/", hex.substr(2, 2), "/", hex, ".blob");

@@ -156,6 +156,8 @@ struct BlobRecord {
 [[nodiscard]] absl::Status ValidatePolicyName(absl::string_view name);
 // Alias names: 1-64 characters of letters, digits, `_ . -`, starting with a letter.
 [[nodiscard]] absl::Status ValidateAliasName(absl::string_view name);
+// An alias that can be set: a valid name other than the virtual `latest`.
+[[nodiscard]] absl::Status ValidateSettableAlias(absl::string_view name);
 // Base names follow the policy-name rules.
 [[nodiscard]] absl::Status ValidateBaseName(absl::string_view name);
 

@@ -438,7 +438,6 @@ absl::StatusOr<std::string> Serialize(const std::vector<TensorView>& tensors,
   absl::flat_hash_set<absl::string_view> names;
   names.reserve(tensors.size());
   for (const TensorView& t : tensors) {
-    if (t.name.empty()) return Invalid("tensor with an empty name");
     if (t.name == "__metadata__") return Invalid("tensor name \"__metadata__\" is reserved");
     if (!names.insert(t.name).second) {
       return Invalid(absl::StrCat("duplicate tensor name ", Quoted(t.name)));

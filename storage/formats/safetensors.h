@@ -47,7 +47,7 @@ inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 [[nodiscard]] absl::StatusOr<TensorSet> ReadSharded(const std::string& index_json_path);
 
 // Serializes `tensors` (+ `metadata`, omitted when empty) exactly as the reference writer
-// would. InvalidArgument on duplicate or empty names, the reserved name "__metadata__", or a
+// would. InvalidArgument on duplicate names, the reserved name "__metadata__", or a
 // view whose nbytes disagrees with its shape and dtype.
 [[nodiscard]] absl::StatusOr<std::string> Serialize(
     const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata);

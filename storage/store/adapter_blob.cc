@@ -2,33 +2,25 @@
 
 #include <memory>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
-#include "storage/formats/safetensors.h"
+#include "storage/formats/blob.h"
 #include "storage/util/file_util.h"
 #include "storage/util/hash.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb {
 
-// Until the packed blob format lands, adapter blobs are safetensors files (spec-exact, so any
-// safetensors reader opens them) tagged with "loradb.blob" metadata; the content address is the
-// xxh3-128 of the whole file.
+// Adapter blobs are packed blob files (storage/formats/blob.h, docs/format-blob.md); the
+// content address is the xxh3-128 of the whole file.
 absl::StatusOr<EncodedBlob> EncodeAdapterBlob(const std::vector<TensorView>& tensors,
                                               const std::map<std::string, std::string>& metadata,
                                               bool pack) {
-  if (pack) {
-    return absl::UnimplementedError(
-        "the packed MoE layout needs the packed blob format (storage/formats/blob.h), which "
-        "this build does not have yet; import without --pack");
-  }
-  std::map<std::string, std::string> md = metadata;
-  md.insert_or_assign(std::string("loradb.blob"), std::string(1, '1'));
+  BlobOptions options;
+  options.pack_moe = pack;
   EncodedBlob out;
-  LORADB_ASSIGN_OR_RETURN(out.bytes, safetensors::Serialize(tensors, md));
+  LORADB_ASSIGN_OR_RETURN(out.bytes, SerializeBlob(tensors, metadata, options));
   out.hash = Xxh3_128(out.bytes.data(), out.bytes.size());
-  out.layout = Layout::kPlain;
+  out.layout = pack && !PlanMoePacking(tensors).empty() ? Layout::kPacked : Layout::kPlain;
   return out;
 }
 
@@ -43,7 +35,8 @@ absl::StatusOr<TensorSet> ReadAdapterBlob(const std::string& path, const BlobRef
                                             expect.hash.Hex(), " (corrupt)"));
   }
   auto shared = std::make_shared<MappedFile>(std::move(map));
-  return safetensors::Parse(shared->bytes(), shared);
+  // The whole-file hash above covers every byte; per-tensor checksums would add nothing.
+  return ParseBlob(shared->bytes(), shared, /*verify_checksums=*/false);
 }
 
 }  // namespace loradb

@@ -300,7 +300,7 @@ absl::StatusOr<RevisionRecord> Store::PublishTensors(const std::string& policy_n
   }
   LORADB_ASSIGN_OR_RETURN(BaseRecord base, catalog_->GetBase(policy.base));
   LORADB_ASSIGN_OR_RETURN(int32_t r, CheckCompatible(base, tensors));
-  if (!options.alias.empty()) LORADB_RETURN_IF_ERROR(ValidateAliasName(options.alias));
+  if (!options.alias.empty()) LORADB_RETURN_IF_ERROR(ValidateSettableAlias(options.alias));
 
   LoraSettings lora = options.lora;
   if (lora.r == 0) lora.r = r;

@@ -63,6 +63,21 @@ def numpy_cases(rng):
             d[name] = arr.reshape(shape)
         meta = rng.choice([None, {}, {"format": "np"}, {"a": "1", "b": "é", "c": "x\ny"}])
         yield f"numpy{case}", d, meta
+    # MoE-shaped adapters, so the blob round trip exercises expert packing.
+    for case in range(4):
+        d = {}
+        experts = rng.randint(2, 5)
+        for layer in range(2):
+            for e in range(experts):
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    pre = f"base_model.model.model.layers.{layer}.mlp.experts.{e}.{proj}"
+                    d[pre + ".lora_A.weight"] = np.full((1, 6), e + layer, np.float16)
+                    d[pre + ".lora_B.weight"] = np.full((4, 1), -e, np.float16)
+            d[f"base_model.model.model.layers.{layer}.self_attn.q_proj.lora_A.weight"] = \
+                np.arange(12, dtype=np.float32).reshape(2, 6)
+        if case % 2:
+            del d["base_model.model.model.layers.1.mlp.experts.1.up_proj.lora_B.weight"]
+        yield f"moe{case}", d, {"format": "pt"}
 
 
 def write_ref(tmp, name, d, meta, saver):
@@ -80,6 +95,16 @@ def check_rewrite(tmp, name, ref_path, meta, loader):
         return
     ref_bytes = open(ref_path, "rb").read()
     our_bytes = open(ours, "rb").read()
+    # safetensors -> blob (packed and not) -> safetensors gives loradb's rewrite, byte for byte.
+    for flags in ([], ["--no-pack"]):
+        blob = os.path.join(tmp, f"{name}.blob")
+        back = os.path.join(tmp, f"{name}.back.safetensors")
+        r1 = run_tool("to-blob", ref_path, blob, *flags)
+        r2 = run_tool("from-blob", blob, back) if r1.returncode == 0 else r1
+        if r2.returncode != 0:
+            fail(f"{name}: blob round trip {flags} failed: {r2.stderr.strip()}")
+        elif open(back, "rb").read() != our_bytes:
+            fail(f"{name}: blob round trip {flags} changed the bytes")
     # The reference writes `"__metadata__":{}` for an empty dict; loradb's map cannot tell an
     # empty map from none and writes what the reference writes for None.
     if meta is None or len(meta) == 1:

@@ -286,7 +286,6 @@ TEST(SafetensorsTest, WriterRejectsBadViews) {
   EXPECT_THAT(err({{"a", DType::kF32, {3}, p, 12}, {"a", DType::kF32, {3}, p, 12}}),
               HasSubstr("duplicate tensor name"));
   EXPECT_THAT(err({{"__metadata__", DType::kF32, {3}, p, 12}}), HasSubstr("reserved"));
-  EXPECT_THAT(err({{"", DType::kF32, {3}, p, 12}}), HasSubstr("empty name"));
   EXPECT_THAT(err({{"a", DType::kF32, {-1}, p, 12}}), HasSubstr("negative dimension"));
   EXPECT_THAT(err({{"a", DType::kF32, {3}, nullptr, 12}}), HasSubstr("null data"));
 
@@ -435,6 +434,15 @@ TEST(SafetensorsAcceptTest, OutOfOrderEntriesUnknownFieldsNullMetadataEmpty) {
   EXPECT_EQ(*reinterpret_cast<const char*>(set->Find("b")->data), 'c');
   EXPECT_EQ(set->Find("z")->nbytes, 0u);
   EXPECT_TRUE(ParseString(MakeFile("{}", "")).ok());
+}
+
+// The reference accepts an empty tensor name; so do the reader and the writer.
+TEST(SafetensorsAcceptTest, EmptyNameRoundTrips) {
+  auto set = ParseString(MakeFile(R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "z"));
+  ASSERT_TRUE(set.ok()) << set.status();
+  auto bytes = safetensors::Serialize(set->tensors(), {});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(ParseString(*bytes).ok());
 }
 
 }  // namespace

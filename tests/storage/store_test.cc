@@ -129,9 +129,6 @@ TEST_F(StoreTest, CompatibilityRuleRejectsAndLeavesStoreUnchanged) {
   bad_alias.alias = "bad alias";
   EXPECT_TRUE(absl::IsInvalidArgument(
       store_->PublishTensors("acme/support", MakeAdapter(2, 0).views, bad_alias).status()));
-  PublishOptions pack;
-  pack.pack = true;
-  EXPECT_FALSE(store_->PublishTensors("acme/support", MakeAdapter(2, 0).views, pack).ok());
 
   // Creating the policy on the fly happens only with a successful publish.
   PublishOptions create;
@@ -301,6 +298,53 @@ TEST_F(StoreTest, PeftDirImportExportRoundTripsBytes) {
   EXPECT_NE(dora.status().message().find("use_dora"), std::string::npos) << dora.status();
   EXPECT_EQ(store_->ListRevisions("acme/support", 0, 0)->items.size(), 2u);
   ExpectVerifyOk();
+}
+
+TEST(StorePack, MoeExpertsPackedAndReadBackByOriginalNames) {
+  TempDir dir;
+  auto s = Store::Open(dir.file("store"));
+  ASSERT_TRUE(s.ok());
+  std::string table = R"({"modules":[)";
+  for (int e = 0; e < 4; ++e) {
+    table += absl::StrCat(e ? "," : "", R"({"name":"layers.0.mlp.experts.)", e,
+                          R"(.up_proj","in":8,"out":12})");
+  }
+  table += "]}";
+  ASSERT_TRUE((*s)->AddBaseFromModuleTable("moe", table).ok());
+  ASSERT_TRUE((*s)->CreatePolicy("m", "moe").ok());
+  Adapter a;
+  for (int e = 0; e < 4; ++e) {
+    const std::string m = absl::StrCat("layers.0.mlp.experts.", e, ".up_proj");
+    a.Add(m, false, 2, 8, static_cast<float>(e));
+    a.Add(m, true, 12, 2, static_cast<float>(10 + e));
+  }
+  PublishOptions pack;
+  pack.pack = true;
+  auto packed = (*s)->PublishTensors("m", a.views, pack);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_EQ(packed->layout, Layout::kPacked);
+  EXPECT_EQ(packed->blob.tensors, 8u);
+  auto plain = (*s)->PublishTensors("m", a.views, {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->layout, Layout::kPlain);
+  EXPECT_NE(plain->blob.hash, packed->blob.hash);
+  auto t = (*s)->ReadTensors(*packed);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 8u);
+  for (const auto& v : a.views) {
+    const TensorView* got = t->Find(v.name);
+    ASSERT_NE(got, nullptr) << v.name;
+    EXPECT_EQ(got->shape, v.shape);
+    ASSERT_EQ(got->nbytes, v.nbytes);
+    EXPECT_EQ(std::memcmp(got->data, v.data, v.nbytes), 0) << v.name;
+  }
+  ASSERT_TRUE((*s)->ExportPeftDir(*packed, dir.file("p")).ok());
+  ASSERT_TRUE((*s)->ExportPeftDir(*plain, dir.file("q")).ok());
+  EXPECT_EQ(*ReadFileToString(dir.file("p/adapter_model.safetensors")),
+            *ReadFileToString(dir.file("q/adapter_model.safetensors")));
+  auto rep = (*s)->Verify();
+  ASSERT_TRUE(rep.ok());
+  EXPECT_TRUE(rep->ok());
 }
 
 TEST(StoreBases, FromQwen3ConfigAndWeights) {

@@ -1,0 +1,572 @@
+#include "compute/trainer/trainer.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "storage/util/status_macros.h"
+
+namespace loradb::trainer {
+namespace {
+
+// Sum of lp * w over each datum's rows: [data].
+at::Tensor SequenceSums(const at::Tensor& lp, const at::Tensor& w,
+                        const std::vector<int64_t>& lens) {
+  std::vector<at::Tensor> sums;
+  sums.reserve(lens.size());
+  int64_t off = 0;
+  for (int64_t n : lens) {
+    sums.push_back((lp.narrow(0, off, n) * w.narrow(0, off, n)).sum());
+    off += n;
+  }
+  return at::stack(sums);
+}
+
+}  // namespace
+
+const char* LossKindName(LossKind kind) {
+  switch (kind) {
+    case LossKind::kCrossEntropy:
+      return "sft";
+    case LossKind::kDpo:
+      return "dpo";
+    case LossKind::kGrpo:
+      return "grpo";
+  }
+  return "?";
+}
+
+Trainer::Trainer(const model::Qwen3Model* model) : model_(model) {}
+
+absl::StatusOr<int> Trainer::AddPolicy(const PolicyOptions& options) {
+  if (options.name.empty()) return absl::InvalidArgumentError("a policy needs a name");
+  if (FindPolicy(options.name).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy ", options.name, " is already in this trainer"));
+  }
+  LORADB_RETURN_IF_ERROR(ValidateAdamWOptions(options.adamw));
+  LORADB_RETURN_IF_ERROR(ValidateSchedule(options.schedule));
+  if (!(options.dpo_beta > 0)) return absl::InvalidArgumentError("dpo_beta must be > 0");
+  if (!(options.grpo.clip_epsilon > 0) || options.grpo.kl_beta < 0) {
+    return absl::InvalidArgumentError("GRPO needs clip_epsilon > 0 and kl_beta >= 0");
+  }
+  LORADB_ASSIGN_OR_RETURN(
+      LoraParameters params,
+      LoraParameters::Create(model_->config(), options.lora, options.seed, model_->device()));
+  // The RNG stream of data and sampling is independent of the initialisation stream.
+  policies_.push_back(Policy{options, std::move(params), AdamW(options.adamw),
+                             Rng(options.seed ^ 0x5eed5eed5eed5eedULL), 0, std::nullopt});
+  return static_cast<int>(policies_.size()) - 1;
+}
+
+absl::StatusOr<int> Trainer::FindPolicy(const std::string& name) const {
+  for (size_t i = 0; i < policies_.size(); ++i) {
+    if (policies_[i].options.name == name) return static_cast<int>(i);
+  }
+  return absl::NotFoundError(absl::StrCat("no policy ", name, " in this trainer"));
+}
+
+absl::Status Trainer::SetReference(int policy, std::vector<model::LoraModuleInput> modules) {
+  if (policy < 0 || policy >= num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  for (auto& m : modules) {
+    m.a = m.a.detach().clone();
+    m.b = m.b.detach().clone();
+  }
+  LORADB_ASSIGN_OR_RETURN(model::LoraAdapter ref,
+                          model::LoraAdapter::Create(model_->config(), std::move(modules),
+                                                     model_->dtype(), model_->device()));
+  policies_[policy].reference = std::move(ref);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Validate(const std::vector<PolicyBatch>& batches) const {
+  if (batches.empty()) return absl::InvalidArgumentError("no batches");
+  const int64_t vocab = model_->config().vocab_size;
+  for (const PolicyBatch& b : batches) {
+    if (b.policy < 0 || b.policy >= num_policies()) {
+      return absl::InvalidArgumentError(absl::StrCat("no policy index ", b.policy));
+    }
+    if (b.data.empty()) return absl::InvalidArgumentError("a batch has no data");
+    if (b.loss == LossKind::kDpo && b.data.size() % 2 != 0) {
+      return absl::InvalidArgumentError("DPO data must come in (chosen, rejected) pairs");
+    }
+    for (size_t i = 0; i < b.data.size(); ++i) {
+      const Datum& d = b.data[i];
+      if (d.tokens.size() < 2) {
+        return absl::InvalidArgumentError(absl::StrCat("datum ", i, " has fewer than 2 tokens"));
+      }
+      if (d.weights.size() != d.tokens.size() - 1) {
+        return absl::InvalidArgumentError(absl::StrCat("datum ", i, " has ", d.weights.size(),
+                                                       " weights for ", d.tokens.size() - 1,
+                                                       " targets"));
+      }
+      for (int64_t t : d.tokens) {
+        if (t < 0 || t >= vocab) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("datum ", i, " has token id ", t, " outside [0, ", vocab, ")"));
+        }
+      }
+      for (float w : d.weights) {
+        if (!std::isfinite(w) || w < 0) {
+          return absl::InvalidArgumentError(absl::StrCat("datum ", i, " has a bad weight"));
+        }
+      }
+      if (b.loss == LossKind::kGrpo && d.sampling_logprobs.size() != d.weights.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("GRPO datum ", i, " needs one sampling logprob per target"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> Trainer::RowLogprobs(
+    const std::vector<const Datum*>& data, const std::vector<const model::LoraAdapter*>& adapters,
+    const std::vector<int32_t>& slots, at::Tensor* argmax_hits) const {
+  std::vector<int64_t> ids, targets, seq_lens;
+  std::vector<int32_t> row_slot;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const auto& t = data[i]->tokens;
+    ids.insert(ids.end(), t.begin(), t.end());
+    targets.insert(targets.end(), t.begin() + 1, t.end());
+    targets.push_back(0);  // the last position predicts nothing (weight 0)
+    seq_lens.push_back(static_cast<int64_t>(t.size()));
+    row_slot.insert(row_slot.end(), t.size(), slots[i]);
+  }
+  const int64_t rows = static_cast<int64_t>(ids.size());
+  model::ForwardInput in;
+  in.token_ids = at::from_blob(ids.data(), {rows}, at::kLong).clone();
+  in.seq_lens = seq_lens;
+  model::LoraBatch lora;
+  if (!adapters.empty()) {
+    lora.adapters = adapters;
+    lora.row_slot = row_slot;
+    in.lora = &lora;
+  }
+  LORADB_ASSIGN_OR_RETURN(model::ForwardOutput out, model_->Forward(in));
+  at::Tensor tgt = at::from_blob(targets.data(), {rows}, at::kLong).clone().to(out.logits.device());
+  if (argmax_hits != nullptr) {
+    at::NoGradGuard no_grad;
+    *argmax_hits = (out.logits.argmax(-1) == tgt).to(at::kFloat).to(at::kCPU);
+  }
+  return TokenLogprobs(out.logits, tgt).to(at::kCPU);
+}
+
+absl::StatusOr<std::vector<LossReport>> Trainer::RunLosses(const std::vector<PolicyBatch>& batches,
+                                                           bool backward) {
+  LORADB_RETURN_IF_ERROR(Validate(batches));
+  std::optional<at::NoGradGuard> no_grad;
+  if (!backward) no_grad.emplace();
+
+  // Flatten: every datum with its batch, and per-row weights.
+  std::vector<const Datum*> all;
+  std::vector<int64_t> lens;
+  for (const PolicyBatch& b : batches) {
+    for (const Datum& d : b.data) {
+      all.push_back(&d);
+      lens.push_back(static_cast<int64_t>(d.tokens.size()));
+    }
+  }
+
+  // Reference pass (no grad): DPO, and GRPO with a KL term.
+  std::vector<at::Tensor> ref_lp(batches.size());
+  {
+    std::vector<const Datum*> rdata;
+    std::vector<const model::LoraAdapter*> radapters;
+    std::vector<int32_t> rslots;
+    std::vector<size_t> rbatches;
+    std::map<int, int32_t> slot_of;
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      const PolicyBatch& b = batches[bi];
+      const Policy& p = policies_[b.policy];
+      const bool needs =
+          b.loss == LossKind::kDpo || (b.loss == LossKind::kGrpo && p.options.grpo.kl_beta > 0);
+      if (!needs) continue;
+      rbatches.push_back(bi);
+      int32_t slot = -1;
+      if (p.reference.has_value()) {
+        auto [it, fresh] = slot_of.emplace(b.policy, static_cast<int32_t>(radapters.size()));
+        if (fresh) radapters.push_back(&*p.reference);
+        slot = it->second;
+      }
+      for (const Datum& d : b.data) {
+        rdata.push_back(&d);
+        rslots.push_back(slot);
+      }
+    }
+    if (!rdata.empty()) {
+      at::NoGradGuard ref_no_grad;
+      LORADB_ASSIGN_OR_RETURN(at::Tensor lp, RowLogprobs(rdata, radapters, rslots, nullptr));
+      int64_t off = 0;
+      for (size_t bi : rbatches) {
+        int64_t n = 0;
+        for (const Datum& d : batches[bi].data) n += static_cast<int64_t>(d.tokens.size());
+        ref_lp[bi] = lp.narrow(0, off, n);
+        off += n;
+      }
+    }
+  }
+
+  // Policy pass: one forward over every batch's rows, each row with its policy's adapter.
+  std::vector<model::LoraAdapter> built;
+  std::map<int, int32_t> slot_of;
+  for (const PolicyBatch& b : batches) {
+    if (slot_of.count(b.policy)) continue;
+    slot_of[b.policy] = static_cast<int32_t>(built.size());
+    LORADB_ASSIGN_OR_RETURN(model::LoraAdapter a,
+                            policies_[b.policy].params.BuildAdapter(
+                                model_->config(), model_->dtype(), model_->device()));
+    built.push_back(std::move(a));
+  }
+  std::vector<const model::LoraAdapter*> adapters;
+  for (const auto& a : built) adapters.push_back(&a);
+  std::vector<int32_t> slots;
+  for (const PolicyBatch& b : batches) slots.insert(slots.end(), b.data.size(), slot_of[b.policy]);
+  at::Tensor hits;
+  LORADB_ASSIGN_OR_RETURN(at::Tensor lp, RowLogprobs(all, adapters, slots, &hits));
+
+  std::vector<LossReport> reports;
+  at::Tensor total;
+  int64_t off = 0;
+  for (size_t bi = 0; bi < batches.size(); ++bi) {
+    const PolicyBatch& b = batches[bi];
+    const Policy& p = policies_[b.policy];
+    std::vector<float> w, old, adv;
+    std::vector<int64_t> blens;
+    for (const Datum& d : b.data) {
+      w.insert(w.end(), d.weights.begin(), d.weights.end());
+      w.push_back(0);
+      blens.push_back(static_cast<int64_t>(d.tokens.size()));
+      if (b.loss == LossKind::kGrpo) {
+        old.insert(old.end(), d.sampling_logprobs.begin(), d.sampling_logprobs.end());
+        old.push_back(0);
+        adv.insert(adv.end(), d.tokens.size(), d.advantage);
+      }
+    }
+    const int64_t n = static_cast<int64_t>(w.size());
+    at::Tensor wt = at::from_blob(w.data(), {n}, at::kFloat).clone();
+    at::Tensor blp = lp.narrow(0, off, n);
+    at::Tensor bhits = hits.narrow(0, off, n);
+    off += n;
+    LossReport r;
+    r.policy = b.policy;
+    const double wsum = wt.sum().item<double>();
+    r.tokens = static_cast<int64_t>(std::llround(wsum));
+    at::Tensor loss;
+    switch (b.loss) {
+      case LossKind::kCrossEntropy: {
+        LORADB_ASSIGN_OR_RETURN(loss, SftLoss(blp, wt));
+        r.accuracy = (bhits * wt).sum().item<double>() / wsum;
+        break;
+      }
+      case LossKind::kDpo: {
+        at::Tensor sums = SequenceSums(blp, wt, blens);
+        at::Tensor rsums = SequenceSums(ref_lp[bi], wt, blens);
+        const int64_t pairs = static_cast<int64_t>(blens.size()) / 2;
+        at::Tensor even = at::arange(0, 2 * pairs, 2, at::kLong);
+        at::Tensor odd = even + 1;
+        LORADB_ASSIGN_OR_RETURN(
+            DpoOutput o,
+            DpoLoss(sums.index_select(0, even), sums.index_select(0, odd),
+                    rsums.index_select(0, even), rsums.index_select(0, odd), p.options.dpo_beta));
+        loss = o.loss;
+        r.metric = o.margins.mean().item<double>();
+        r.accuracy = (o.margins > 0).to(at::kFloat).mean().item<double>();
+        break;
+      }
+      case LossKind::kGrpo: {
+        at::Tensor oldt = at::from_blob(old.data(), {n}, at::kFloat).clone();
+        at::Tensor advt = at::from_blob(adv.data(), {n}, at::kFloat).clone();
+        at::Tensor ref = ref_lp[bi].defined() ? ref_lp[bi] : at::Tensor();
+        LORADB_ASSIGN_OR_RETURN(GrpoOutput o, GrpoLoss(blp, oldt, advt, wt, ref, p.options.grpo));
+        loss = o.loss;
+        r.metric = o.clip_fraction;
+        r.kl = o.mean_kl;
+        r.accuracy = (bhits * wt).sum().item<double>() / wsum;
+        break;
+      }
+    }
+    r.loss = loss.item<double>();
+    if (!std::isfinite(r.loss)) {
+      return absl::InvalidArgumentError(absl::StrCat("policy ", p.options.name, ": ",
+                                                     LossKindName(b.loss), " loss is not finite"));
+    }
+    total = total.defined() ? total + loss : loss;
+    reports.push_back(r);
+  }
+  if (backward) {
+    total.backward();
+    for (const PolicyBatch& b : batches) ++policies_[b.policy].micro_steps;
+  }
+  return reports;
+}
+
+absl::StatusOr<std::vector<LossReport>> Trainer::ForwardBackward(
+    const std::vector<PolicyBatch>& batches) {
+  try {
+    return RunLosses(batches, /*backward=*/true);
+  } catch (const std::exception& e) {
+    // LibTorch reports failures by exception; none crosses the trainer's API.
+    return absl::InternalError(absl::StrCat("forward/backward failed: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::vector<LossReport>> Trainer::Evaluate(const std::vector<PolicyBatch>& batches) {
+  try {
+    return RunLosses(batches, /*backward=*/false);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
+  }
+}
+
+absl::StatusOr<StepStats> Trainer::OptimStep(int policy) {
+  if (policy < 0 || policy >= num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  Policy& p = policies_[policy];
+  if (p.micro_steps == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("policy ", p.options.name, ": no gradients accumulated since the last step"));
+  }
+  const double lr = p.options.schedule.At(p.adamw.step());
+  LORADB_ASSIGN_OR_RETURN(StepStats stats, p.adamw.Step(p.params.named(), lr,
+                                                        1.0 / static_cast<double>(p.micro_steps)));
+  for (const auto& [name, t] : p.params.named()) {
+    at::Tensor param = t;
+    param.mutable_grad() = at::Tensor();
+  }
+  p.micro_steps = 0;
+  return stats;
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Trainer::Logprobs(int policy,
+                                                                  const std::vector<Datum>& data) {
+  if (policy < -1 || policy >= num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  if (data.empty()) return std::vector<std::vector<float>>{};
+  at::NoGradGuard no_grad;
+  std::vector<const Datum*> ptrs;
+  for (const Datum& d : data) {
+    if (d.tokens.size() < 2) return absl::InvalidArgumentError("a datum has fewer than 2 tokens");
+    ptrs.push_back(&d);
+  }
+  std::vector<model::LoraAdapter> built;
+  std::vector<const model::LoraAdapter*> adapters;
+  std::vector<int32_t> slots(data.size(), -1);
+  if (policy >= 0) {
+    LORADB_ASSIGN_OR_RETURN(
+        model::LoraAdapter a,
+        policies_[policy].params.BuildAdapter(model_->config(), model_->dtype(), model_->device()));
+    built.push_back(std::move(a));
+    adapters.push_back(&built[0]);
+    std::fill(slots.begin(), slots.end(), 0);
+  }
+  LORADB_ASSIGN_OR_RETURN(at::Tensor lp, RowLogprobs(ptrs, adapters, slots, nullptr));
+  lp = lp.contiguous();
+  const float* p = lp.data_ptr<float>();
+  std::vector<std::vector<float>> out;
+  for (const Datum& d : data) {
+    out.emplace_back(p, p + d.tokens.size() - 1);
+    p += d.tokens.size();
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<SampleResult>> Trainer::Sample(
+    const std::vector<SampleRequest>& requests) {
+  try {
+    return SampleImpl(requests);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("sampling failed: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
+    const std::vector<SampleRequest>& requests) {
+  const int64_t vocab = model_->config().vocab_size;
+  for (const SampleRequest& r : requests) {
+    if (r.policy < -1 || r.policy >= num_policies()) {
+      return absl::InvalidArgumentError(absl::StrCat("no policy index ", r.policy));
+    }
+    if (r.prompt.empty()) return absl::InvalidArgumentError("a sample request has no prompt");
+    if (r.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be >= 1");
+    if (!(r.temperature >= 0)) return absl::InvalidArgumentError("temperature must be >= 0");
+    for (int64_t t : r.prompt) {
+      if (t < 0 || t >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("prompt token ", t, " outside the vocab"));
+      }
+    }
+  }
+  std::vector<SampleResult> results(requests.size());
+  if (requests.empty()) return results;
+  at::NoGradGuard no_grad;
+
+  std::vector<model::LoraAdapter> built;
+  std::map<int, int32_t> slot_of;
+  for (const SampleRequest& r : requests) {
+    if (r.policy < 0 || slot_of.count(r.policy)) continue;
+    slot_of[r.policy] = static_cast<int32_t>(built.size());
+    LORADB_ASSIGN_OR_RETURN(model::LoraAdapter a,
+                            policies_[r.policy].params.BuildAdapter(
+                                model_->config(), model_->dtype(), model_->device()));
+    built.push_back(std::move(a));
+  }
+  std::vector<const model::LoraAdapter*> adapters;
+  for (const auto& a : built) adapters.push_back(&a);
+  auto slot = [&](int policy) { return policy < 0 ? -1 : slot_of[policy]; };
+
+  model::KvCache cache = model_->NewKvCache();
+  std::vector<model::KvCache::SeqId> seqs;
+  for (const SampleRequest& r : requests) {
+    seqs.push_back(cache.AddSequence(static_cast<int64_t>(r.prompt.size()) + r.max_tokens));
+  }
+  std::vector<size_t> active(requests.size());
+  for (size_t i = 0; i < active.size(); ++i) active[i] = i;
+  // Tokens to feed per active request in the next forward.
+  std::vector<std::vector<int64_t>> feed;
+  for (const SampleRequest& r : requests) feed.push_back(r.prompt);
+
+  while (!active.empty()) {
+    model::ForwardInput in;
+    std::vector<int64_t> ids;
+    model::LoraBatch lora;
+    lora.adapters = adapters;
+    for (size_t i : active) {
+      ids.insert(ids.end(), feed[i].begin(), feed[i].end());
+      in.seq_lens.push_back(static_cast<int64_t>(feed[i].size()));
+      in.cache_seqs.push_back(seqs[i]);
+      lora.row_slot.insert(lora.row_slot.end(), feed[i].size(), slot(requests[i].policy));
+    }
+    in.token_ids = at::from_blob(ids.data(), {static_cast<int64_t>(ids.size())}, at::kLong).clone();
+    in.lora = adapters.empty() ? nullptr : &lora;
+    in.last_row_logits_only = true;
+    LORADB_ASSIGN_OR_RETURN(model::ForwardOutput out, model_->Forward(in, &cache));
+    at::Tensor logits = out.logits.to(at::kCPU, at::kDouble).contiguous();
+    const double* base = logits.data_ptr<double>();
+    std::vector<size_t> still;
+    for (size_t k = 0; k < active.size(); ++k) {
+      const size_t i = active[k];
+      const SampleRequest& r = requests[i];
+      const double* row = base + k * vocab;
+      double mx = row[0];
+      for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, row[v]);
+      double z = 0;
+      for (int64_t v = 0; v < vocab; ++v) z += std::exp(row[v] - mx);
+      const double log_z = mx + std::log(z);
+      int64_t tok = 0;
+      if (r.temperature == 0) {
+        tok = std::max_element(row, row + vocab) - row;
+      } else {
+        Rng& rng = r.policy < 0 ? base_rng_ : policies_[r.policy].rng;
+        double zt = 0;
+        for (int64_t v = 0; v < vocab; ++v) zt += std::exp((row[v] - mx) / r.temperature);
+        double u = rng.Uniform() * zt;
+        tok = vocab - 1;
+        for (int64_t v = 0; v < vocab; ++v) {
+          u -= std::exp((row[v] - mx) / r.temperature);
+          if (u < 0) {
+            tok = v;
+            break;
+          }
+        }
+      }
+      SampleResult& res = results[i];
+      res.tokens.push_back(tok);
+      res.logprobs.push_back(static_cast<float>(row[tok] - log_z));
+      const bool stop =
+          std::find(r.stop_tokens.begin(), r.stop_tokens.end(), tok) != r.stop_tokens.end();
+      if (!stop && static_cast<int64_t>(res.tokens.size()) < r.max_tokens) {
+        feed[i] = {tok};
+        still.push_back(i);
+      }
+    }
+    active = std::move(still);
+  }
+  return results;
+}
+
+absl::StatusOr<PolicySnapshot> Trainer::Snapshot(int policy) const {
+  if (policy < 0 || policy >= num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  const Policy& p = policies_[policy];
+  PolicySnapshot s;
+  for (const auto& [name, t] : p.params.named()) {
+    s.master[name] = t.detach().clone();
+    if (p.micro_steps > 0) {
+      at::Tensor g = t.grad();
+      s.gradients[name] = g.defined() ? g.detach().clone() : at::zeros_like(t.detach());
+    }
+  }
+  for (const auto& [name, t] : p.adamw.ExportState()) s.optimizer[name] = t.detach().clone();
+  s.micro_steps = p.micro_steps;
+  s.scheduler_name = p.options.schedule.Name();
+  s.scheduler_position = p.adamw.step();
+  s.rng_state = p.rng.Serialize();
+  return s;
+}
+
+absl::Status Trainer::Restore(int policy, const PolicySnapshot& s) {
+  if (policy < 0 || policy >= num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  Policy& p = policies_[policy];
+  if (s.scheduler_name != p.options.schedule.Name()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint uses the ", s.scheduler_name,
+                                                   " schedule, this policy ",
+                                                   p.options.schedule.Name()));
+  }
+  if (s.micro_steps < 0) return absl::InvalidArgumentError("negative micro-step count");
+  AdamW adamw(p.options.adamw);
+  LORADB_RETURN_IF_ERROR(adamw.ImportState(s.optimizer, p.params.named()));
+  if (adamw.step() != s.scheduler_position) {
+    return absl::InvalidArgumentError(absl::StrCat("scheduler position ", s.scheduler_position,
+                                                   " differs from the optimizer step ",
+                                                   adamw.step()));
+  }
+  LORADB_ASSIGN_OR_RETURN(Rng rng, Rng::Restore(s.rng_state));
+  if (s.micro_steps > 0) {
+    for (const auto& [name, t] : p.params.named()) {
+      auto it = s.gradients.find(name);
+      if (it == s.gradients.end() || !it->second.sizes().equals(t.sizes())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint lacks the accumulated gradient of ", name));
+      }
+    }
+    if (s.gradients.size() != p.params.named().size()) {
+      return absl::InvalidArgumentError("checkpoint has gradients for unknown parameters");
+    }
+  } else if (!s.gradients.empty()) {
+    return absl::InvalidArgumentError("checkpoint has gradients but no accumulated micro-steps");
+  }
+  LORADB_RETURN_IF_ERROR(p.params.Assign(s.master));
+  p.adamw = std::move(adamw);
+  p.rng = rng;
+  p.micro_steps = s.micro_steps;
+  for (const auto& [name, t] : p.params.named()) {
+    at::Tensor param = t;
+    param.mutable_grad() =
+        s.micro_steps > 0 ? s.gradients.at(name).to(t.device(), at::kFloat).clone() : at::Tensor();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, at::Tensor>> Trainer::ExportWeights(
+    int policy, at::ScalarType dtype) const {
+  if (policy < 0 || policy >= num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : policies_[policy].params.named()) {
+    out[name] = t.detach().to(at::kCPU, dtype).clone();
+  }
+  return out;
+}
+
+}  // namespace loradb::trainer

@@ -1,0 +1,187 @@
+// The LoRA trainer: K policies on one frozen, resident Qwen3 base. The API follows the shape of
+// the public training APIs users know (forward_backward on a batch, optim_step, save_state /
+// load_state, save weights for sampling, sample):
+//
+//   ForwardBackward  one forward + backward over the rows of any number of policies at once
+//                    (per-row adapters through the model's multi-LoRA path); gradients
+//                    accumulate into each policy's fp32 masters until OptimStep.
+//   OptimStep        AdamW with the policy's schedule over the mean of the accumulated grads.
+//   Sample           rollouts from the policies' current weights; rows of different policies
+//                    share each decode step's batch (KV cache, greedy or temperature sampling).
+//   Snapshot/Restore the complete training state of a policy (checkpoint.h puts it in the store).
+//
+// Not thread-safe: one training loop owns a Trainer. The model must outlive it.
+#ifndef LORADB_COMPUTE_TRAINER_TRAINER_H_
+#define LORADB_COMPUTE_TRAINER_TRAINER_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "compute/model/lora.h"
+#include "compute/model/qwen3_model.h"
+#include "compute/trainer/lora_params.h"
+#include "compute/trainer/losses.h"
+#include "compute/trainer/optimizer.h"
+#include "compute/trainer/rng.h"
+
+namespace loradb::trainer {
+
+enum class LossKind { kCrossEntropy, kDpo, kGrpo };
+const char* LossKindName(LossKind kind);
+
+// One training sequence. Position i (0 <= i < tokens.size() - 1) predicts tokens[i + 1] with
+// weight weights[i] (the loss mask: 0 for prompt tokens, 1 for trained completion tokens).
+struct Datum {
+  std::vector<int64_t> tokens;
+  std::vector<float> weights;
+  // GRPO only: the log-probability each target token had when it was sampled (same length as
+  // weights; ignored where the weight is 0) and the sequence's advantage.
+  std::vector<float> sampling_logprobs;
+  float advantage = 0;
+};
+
+struct PolicyOptions {
+  std::string name;  // the policy's name in the store
+  LoraConfig lora;
+  AdamWOptions adamw;
+  LrSchedule schedule;
+  uint64_t seed = 0;  // LoRA initialisation and the policy's RNG stream
+  double dpo_beta = 0.1;
+  GrpoOptions grpo;
+};
+
+// A policy's rows in one ForwardBackward call. DPO data come in pairs: data[2i] is the chosen
+// and data[2i + 1] the rejected sequence of pair i.
+struct PolicyBatch {
+  int policy = 0;
+  LossKind loss = LossKind::kCrossEntropy;
+  std::vector<Datum> data;
+};
+
+struct LossReport {
+  int policy = 0;
+  double loss = 0;
+  int64_t tokens = 0;  // weighted target tokens
+  // SFT: argmax accuracy on weighted tokens. DPO: mean implicit reward margin; `accuracy` the
+  // fraction of pairs with a positive margin. GRPO: clip fraction in `metric`, KL in `kl`.
+  double accuracy = 0;
+  double metric = 0;
+  double kl = 0;
+};
+
+struct SampleRequest {
+  int policy = -1;  // -1: the base without an adapter
+  std::vector<int64_t> prompt;
+  int64_t max_tokens = 1;
+  double temperature = 1.0;  // 0: greedy
+  // Token ids that end the completion (included in it).
+  std::vector<int64_t> stop_tokens;
+};
+struct SampleResult {
+  std::vector<int64_t> tokens;  // the completion
+  std::vector<float> logprobs;  // log p(token) under the sampling policy at temperature 1
+};
+
+// Everything needed to resume one policy's training exactly.
+struct PolicySnapshot {
+  std::map<std::string, at::Tensor> master;     // fp32 masters by PEFT name
+  std::map<std::string, at::Tensor> optimizer;  // AdamW::ExportState
+  std::map<std::string, at::Tensor> gradients;  // accumulated grads (empty unless mid-way)
+  int64_t micro_steps = 0;                      // ForwardBackward calls since the last step
+  std::string scheduler_name;
+  int64_t scheduler_position = 0;  // optimizer steps taken
+  std::string rng_state;           // Rng::Serialize
+};
+
+class Trainer {
+ public:
+  // `model` is borrowed and must outlive the trainer.
+  explicit Trainer(const model::Qwen3Model* model);
+
+  const model::Qwen3Model& model() const { return *model_; }
+
+  // Adds a policy with fresh LoRA parameters; returns its index. InvalidArgument for bad
+  // options or a duplicate name.
+  [[nodiscard]] absl::StatusOr<int> AddPolicy(const PolicyOptions& options);
+  int num_policies() const { return static_cast<int>(policies_.size()); }
+  [[nodiscard]] absl::StatusOr<int> FindPolicy(const std::string& name) const;
+  const PolicyOptions& options(int policy) const { return policies_[policy].options; }
+  const LoraParameters& parameters(int policy) const { return policies_[policy].params; }
+  int64_t step(int policy) const { return policies_[policy].adamw.step(); }
+  int64_t micro_steps(int policy) const { return policies_[policy].micro_steps; }
+  Rng& rng(int policy) { return policies_[policy].rng; }
+
+  // Sets the adapter DPO and GRPO's KL use as reference for `policy` (default: none = the base).
+  // The factors are copied (fp32) and never trained.
+  [[nodiscard]] absl::Status SetReference(int policy, std::vector<model::LoraModuleInput> modules);
+
+  // One forward and one backward over all batches' rows together. Gradients add to the masters'
+  // .grad; each batch counts as one micro-batch of its policy. InvalidArgument (no gradient
+  // touched) for an unknown policy, an empty batch, a datum with fewer than two tokens or
+  // mismatched weights, token ids outside the vocabulary, odd DPO batches, or all-zero masks.
+  [[nodiscard]] absl::StatusOr<std::vector<LossReport>> ForwardBackward(
+      const std::vector<PolicyBatch>& batches);
+
+  // The same losses without gradients (evaluation).
+  [[nodiscard]] absl::StatusOr<std::vector<LossReport>> Evaluate(
+      const std::vector<PolicyBatch>& batches);
+
+  // AdamW step of `policy` over the mean of its accumulated micro-batch gradients, at the
+  // schedule's rate for this step; clears the gradients. FailedPrecondition when nothing was
+  // accumulated.
+  [[nodiscard]] absl::StatusOr<StepStats> OptimStep(int policy);
+
+  // Rollouts. Requests of different policies share decode steps (one forward per step).
+  // Uses each policy's RNG stream (the base's requests use `base_rng`).
+  [[nodiscard]] absl::StatusOr<std::vector<SampleResult>> Sample(
+      const std::vector<SampleRequest>& requests);
+
+  // Per-position log-probabilities of data[i]'s targets under `policy` (-1: base), no grad.
+  [[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> Logprobs(
+      int policy, const std::vector<Datum>& data);
+
+  [[nodiscard]] absl::StatusOr<PolicySnapshot> Snapshot(int policy) const;
+  // Restores `policy` from `snapshot` (all checked first; on error nothing changes).
+  [[nodiscard]] absl::Status Restore(int policy, const PolicySnapshot& snapshot);
+
+  // The policy's current weights for serving: PEFT-named factors in `dtype`.
+  [[nodiscard]] absl::StatusOr<std::map<std::string, at::Tensor>> ExportWeights(
+      int policy, at::ScalarType dtype) const;
+
+ private:
+  struct Policy {
+    PolicyOptions options;
+    LoraParameters params;
+    AdamW adamw;
+    Rng rng;
+    int64_t micro_steps = 0;
+    std::optional<model::LoraAdapter> reference;
+  };
+
+  [[nodiscard]] absl::StatusOr<std::vector<SampleResult>> SampleImpl(
+      const std::vector<SampleRequest>& requests);
+  [[nodiscard]] absl::Status Validate(const std::vector<PolicyBatch>& batches) const;
+  [[nodiscard]] absl::StatusOr<std::vector<LossReport>> RunLosses(
+      const std::vector<PolicyBatch>& batches, bool backward);
+  // Per-row target log-probs [rows] of the flattened data; `slots[i]` the adapter of datum i
+  // (index into `adapters`, -1 for base).
+  [[nodiscard]] absl::StatusOr<at::Tensor> RowLogprobs(
+      const std::vector<const Datum*>& data, const std::vector<const model::LoraAdapter*>& adapters,
+      const std::vector<int32_t>& slots, at::Tensor* argmax_hits) const;
+
+  const model::Qwen3Model* model_;
+  std::vector<Policy> policies_;
+  Rng base_rng_{0};
+};
+
+}  // namespace loradb::trainer
+
+#endif  // LORADB_COMPUTE_TRAINER_TRAINER_H_

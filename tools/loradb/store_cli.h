@@ -1,0 +1,41 @@
+// Helpers shared by the store subcommands (init, base, policy, import, export, ls, show, alias,
+// rollback, rm, verify): opening the store named by --store and describing records as JSON.
+#ifndef LORADB_TOOLS_LORADB_STORE_CLI_H_
+#define LORADB_TOOLS_LORADB_STORE_CLI_H_
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "storage/store/store.h"
+
+namespace loradb::cli {
+
+// Opens an existing store (NotFound with a hint to run `loradb init` when there is none).
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Store>> OpenExistingStore(const std::string& dir);
+
+// Maps policy ids to names, asking the catalog once per id.
+class PolicyNames {
+ public:
+  explicit PolicyNames(const Store& store) : store_(store) {}
+  std::string Name(uint64_t policy_id);
+
+ private:
+  const Store& store_;
+  std::map<uint64_t, std::string> names_;
+};
+
+// The JSON object describing a revision: id, policy, seq, base, tensors, bytes, dtype, layout,
+// r, alpha, use_rslora, state, parent, created_us, blob (hash), source, evals.
+nlohmann::json RevisionJson(const RevisionRecord& r, const std::string& policy_name);
+
+// One text line for a revision.
+std::string RevisionLine(const RevisionRecord& r, const std::string& policy_name);
+
+nlohmann::json BaseJson(const BaseRecord& b, bool with_modules);
+
+}  // namespace loradb::cli
+
+#endif  // LORADB_TOOLS_LORADB_STORE_CLI_H_
