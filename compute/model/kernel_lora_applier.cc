@@ -39,6 +39,7 @@ at::Tensor KernelLoraApplier::Apply(const at::Tensor& x, const at::Tensor& y, in
   std::vector<int32_t> ranks(num_slots, 0);
   std::vector<float> scales(num_slots, 0.0f);
   int32_t max_rank = 0;
+  std::optional<kernels::DType> weight_dtype;
   const std::optional<kernels::DType> dtype = KernelDType(x.scalar_type());
   bool usable = dtype.has_value() && x.device().is_cpu() && y.device().is_cpu() &&
                 y.scalar_type() == x.scalar_type() && x.dim() == 2 && y.dim() == 2;
@@ -51,18 +52,23 @@ at::Tensor KernelLoraApplier::Apply(const at::Tensor& x, const at::Tensor& y, in
     if (f == nullptr) continue;
     const at::Tensor& a = f->a;
     const at::Tensor& b = f->b;
-    if (!a.device().is_cpu() || a.scalar_type() != x.scalar_type() ||
-        b.scalar_type() != x.scalar_type() || !a.is_contiguous() || !b.is_contiguous() ||
+    // Factors may be stored in another dtype than the activations (bf16 serving layout on an
+    // fp32 base): the kernels read any of f32/bf16/f16 and accumulate in fp32.
+    if (!a.device().is_cpu() || b.scalar_type() != a.scalar_type() ||
+        !KernelDType(a.scalar_type()).has_value() ||
+        (weight_dtype.has_value() && *KernelDType(a.scalar_type()) != *weight_dtype) ||
+        !a.is_contiguous() || !b.is_contiguous() ||
         (grad && (a.requires_grad() || b.requires_grad()))) {
       usable = false;
       break;
     }
+    weight_dtype = KernelDType(a.scalar_type());
     const int64_t r = a.size(-2);
     if (r > kernels::kMaxRank) {
       usable = false;
       break;
     }
-    const size_t esize = kernels::DTypeSize(*dtype);
+    const size_t esize = kernels::DTypeSize(*weight_dtype);
     const auto* ab = static_cast<const std::byte*>(a.data_ptr());
     const auto* bb = static_cast<const std::byte*>(b.data_ptr());
     if (expert >= 0) {
@@ -90,7 +96,7 @@ at::Tensor KernelLoraApplier::Apply(const at::Tensor& x, const at::Tensor& y, in
   table.num_adapters = static_cast<int32_t>(num_slots);
   table.in_features = x.size(1);
   table.out_features = y.size(1);
-  table.dtype = *dtype;
+  table.dtype = *weight_dtype;
   table.a = a_ptrs.data();
   table.b = b_ptrs.data();
   table.ranks = ranks.data();

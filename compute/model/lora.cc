@@ -246,8 +246,10 @@ absl::StatusOr<LoraRowGroups> GroupLoraRows(const LoraBatch& batch, int64_t num_
 namespace {
 
 at::Tensor Delta(const at::Tensor& x, const LoraFactors& f, int64_t expert) {
-  const at::Tensor a = expert >= 0 ? f.a[expert] : f.a;
-  const at::Tensor b = expert >= 0 ? f.b[expert] : f.b;
+  at::Tensor a = expert >= 0 ? f.a[expert] : f.a;
+  at::Tensor b = expert >= 0 ? f.b[expert] : f.b;
+  if (a.scalar_type() != x.scalar_type()) a = a.to(x.scalar_type());
+  if (b.scalar_type() != x.scalar_type()) b = b.to(x.scalar_type());
   return at::linear(at::linear(x, a), b) * f.scale;
 }
 

@@ -54,7 +54,9 @@ class LoraAdapter {
   // InvalidArgument for unknown module names, shape mismatches (each error names the module),
   // ranks that differ between A and B or between experts of one packed set, or a module given
   // twice. Unimplemented for modules the model cannot apply LoRA to (router, embeddings,
-  // lm_head). Factors are converted to `dtype` on `device`.
+  // lm_head). Factors are converted to `dtype` on `device`; `dtype` may differ from the
+  // model's (e.g. bf16 factors on an fp32 base: the kernels read them as they are, the torch
+  // reference converts them per call).
   [[nodiscard]] static absl::StatusOr<LoraAdapter> Create(const ModelConfig& config,
                                                           std::vector<LoraModuleInput> modules,
                                                           at::ScalarType dtype,

@@ -1,9 +1,17 @@
 #include "compute/model/model_tools.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "compute/model/checkpoint.h"
+#include "compute/model/kernel_lora_applier.h"
+#include "compute/model/peft_adapter.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/util/status_macros.h"
 
@@ -60,12 +68,21 @@ absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(const LogitsReques
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3Model> model,
                           Qwen3Model::Load(request.model_dir, options));
   const int64_t n = static_cast<int64_t>(request.token_ids.size());
+  std::optional<LoraAdapter> adapter;
+  LoraBatch lora;
+  if (!request.adapter_dir.empty()) {
+    LORADB_ASSIGN_OR_RETURN(adapter,
+                            LoadPeftAdapter(model->config(), request.adapter_dir, model->dtype()));
+    lora.adapters = {&*adapter};
+  }
   std::vector<int64_t> ids = request.token_ids;
   at::Tensor all = at::from_blob(ids.data(), {n}, at::kLong).clone();
   std::vector<at::Tensor> chunks;
   if (request.prefill <= 0 || request.prefill >= n) {
     ForwardInput in;
     in.token_ids = all;
+    lora.row_slot.assign(n, 0);
+    if (adapter.has_value()) in.lora = &lora;
     LORADB_ASSIGN_OR_RETURN(ForwardOutput out, model->Forward(in));
     chunks.push_back(out.logits);
   } else {
@@ -77,6 +94,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(const LogitsReques
       ForwardInput in;
       in.token_ids = all.narrow(0, pos, len);
       in.cache_seqs = {seq};
+      lora.row_slot.assign(len, 0);
+      if (adapter.has_value()) in.lora = &lora;
       LORADB_ASSIGN_OR_RETURN(ForwardOutput out, model->Forward(in, &cache));
       chunks.push_back(out.logits);
       pos += len;
@@ -88,6 +107,95 @@ absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(const LogitsReques
   const float* p = logits.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) rows[i].assign(p + i * vocab, p + (i + 1) * vocab);
   return rows;
+}
+
+absl::StatusOr<DecodeBenchResult> RunDecodeBenchmark(const DecodeBenchOptions& o) {
+  if (o.batch <= 0 || o.prompt_len <= 0 || o.steps <= 0 || o.num_adapters < 0 || o.rank <= 0) {
+    return absl::InvalidArgumentError("decode benchmark: sizes must be positive");
+  }
+  if (o.applier != "kernel" && o.applier != "torch") {
+    return absl::InvalidArgumentError("decode benchmark: applier must be kernel or torch");
+  }
+  if (o.adapter_dtype != "f32" && o.adapter_dtype != "bf16") {
+    return absl::InvalidArgumentError("decode benchmark: adapter dtype must be f32 or bf16");
+  }
+  const at::ScalarType adapter_dtype = o.adapter_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3Model> model, Qwen3Model::Load(o.model_dir));
+  c10::InferenceMode inference;
+  const ModelConfig& c = model->config();
+  at::manual_seed(o.seed);
+  std::vector<LoraAdapter> adapters;
+  adapters.reserve(o.num_adapters);
+  for (int64_t j = 0; j < o.num_adapters; ++j) {
+    std::vector<LoraModuleInput> mods;
+    for (const ModuleShape& s : c.LoraModules()) {
+      if (s.name == "embed_tokens" || s.name == "lm_head" ||
+          (s.name.size() > 9 && s.name.substr(s.name.size() - 9) == ".mlp.gate")) {
+        continue;
+      }
+      mods.push_back(
+          {s.name, at::randn({o.rank, s.in}) * 0.02, at::randn({s.out, o.rank}) * 0.02, 2.0});
+    }
+    LORADB_ASSIGN_OR_RETURN(LoraAdapter a, LoraAdapter::Create(c, std::move(mods), adapter_dtype));
+    adapters.push_back(std::move(a));
+  }
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  KernelLoraApplier kernel(at::get_num_threads());
+  if (o.applier == "kernel") model->set_lora_applier(&kernel);
+
+  LoraBatch lora;
+  for (const LoraAdapter& a : adapters) lora.adapters.push_back(&a);
+  std::vector<int32_t> seq_slot(o.batch, -1);
+  for (int64_t s = 0; s < o.batch && o.num_adapters > 0; ++s) {
+    seq_slot[s] = static_cast<int32_t>(s % o.num_adapters);
+  }
+  KvCache cache = model->NewKvCache();
+  std::vector<KvCache::SeqId> seqs;
+  for (int64_t s = 0; s < o.batch; ++s) seqs.push_back(cache.AddSequence(o.prompt_len + o.steps));
+
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  // Prefill: every sequence's prompt in one forward.
+  ForwardInput pre;
+  pre.token_ids = at::randint(c.vocab_size, {o.batch * o.prompt_len}, at::kLong);
+  pre.seq_lens.assign(o.batch, o.prompt_len);
+  pre.cache_seqs = seqs;
+  pre.last_row_logits_only = true;
+  for (int64_t s = 0; s < o.batch; ++s) {
+    lora.row_slot.insert(lora.row_slot.end(), o.prompt_len, seq_slot[s]);
+  }
+  pre.lora = o.num_adapters > 0 ? &lora : nullptr;
+  const auto t0 = Clock::now();
+  LORADB_ASSIGN_OR_RETURN(ForwardOutput out, model->Forward(pre, &cache));
+  const auto t1 = Clock::now();
+  DecodeBenchResult r;
+  r.prefill_tokens_per_s = static_cast<double>(o.batch * o.prompt_len) / seconds(t0, t1);
+
+  lora.row_slot = seq_slot;
+  std::vector<double> step_s;
+  double total = 0;
+  at::Tensor next = out.logits.argmax(-1);
+  for (int64_t step = 0; step < o.steps; ++step) {
+    ForwardInput in;
+    in.token_ids = next;
+    in.seq_lens.assign(o.batch, 1);
+    in.cache_seqs = seqs;
+    in.lora = pre.lora;
+    const auto a = Clock::now();
+    LORADB_ASSIGN_OR_RETURN(ForwardOutput o2, model->Forward(in, &cache));
+    next = o2.logits.argmax(-1);
+    const auto b = Clock::now();
+    step_s.push_back(seconds(a, b));
+    total += seconds(a, b);
+  }
+  std::sort(step_s.begin(), step_s.end());
+  r.decode_tokens_per_s = static_cast<double>(o.batch * o.steps) / total;
+  r.decode_step_ms_p50 = 1000.0 * step_s[step_s.size() / 2];
+  r.kernel_calls = kernel.kernel_calls();
+  r.fallback_calls = kernel.fallback_calls();
+  return r;
 }
 
 }  // namespace loradb::model

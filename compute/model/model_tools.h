@@ -40,10 +40,41 @@ struct LogitsRequest {
   int64_t prefill = 0;
   // Compute dtype ("f32", "bf16", "f16"); empty: the checkpoint's.
   std::string dtype;
+  // A PEFT LoRA adapter directory applied to every token; empty: base only.
+  std::string adapter_dir;
 };
 // Logits at every position, [tokens][vocab], as fp32.
 [[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(
     const LogitsRequest& request);
+
+// One decode-throughput measurement: `batch` sequences prefilled with `prompt_len` random tokens
+// in one batched forward, then `steps` greedy decode steps through the KV cache, every step one
+// forward of `batch` rows. Rows use `num_adapters` distinct random rank-`rank` adapters on every
+// q/k/v/o/gate/up/down projection (0: base only; adapters assigned round-robin to sequences),
+// applied by the kernels (applier "kernel") or the torch reference ("torch").
+struct DecodeBenchOptions {
+  std::string model_dir;
+  int64_t batch = 16;
+  int64_t prompt_len = 16;
+  int64_t steps = 8;
+  int64_t num_adapters = 0;
+  int64_t rank = 16;
+  std::string applier = "kernel";
+  // Adapter factor dtype: "f32" or "bf16" (the serving layout).
+  std::string adapter_dtype = "f32";
+  uint64_t seed = 1;
+  // LibTorch intra-op threads and the kernels' CPU threads; <= 0 leaves LibTorch's setting.
+  int threads = 1;
+};
+struct DecodeBenchResult {
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;
+  double decode_step_ms_p50 = 0;
+  int64_t kernel_calls = 0;
+  int64_t fallback_calls = 0;
+};
+[[nodiscard]] absl::StatusOr<DecodeBenchResult> RunDecodeBenchmark(
+    const DecodeBenchOptions& options);
 
 }  // namespace loradb::model
 

@@ -55,6 +55,16 @@ absl::StatusOr<std::unique_ptr<Qwen3Model>> Qwen3Model::Load(const std::string& 
 absl::StatusOr<std::unique_ptr<Qwen3Model>> Qwen3Model::FromTensors(
     const ModelConfig& config, std::shared_ptr<const TensorSet> tensors,
     const LoadOptions& options) {
+  try {
+    return FromTensorsImpl(config, std::move(tensors), options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Qwen3Model: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3Model>> Qwen3Model::FromTensorsImpl(
+    const ModelConfig& config, std::shared_ptr<const TensorSet> tensors,
+    const LoadOptions& options) {
   std::unique_ptr<Qwen3Model> m(new Qwen3Model());
   m->config_ = config;
   m->tensors_ = std::move(tensors);
@@ -296,6 +306,15 @@ at::Tensor Qwen3Model::MoeMlp(const Context& ctx, const Layer& l, int64_t layer,
 }
 
 absl::StatusOr<ForwardOutput> Qwen3Model::Forward(const ForwardInput& input, KvCache* cache) const {
+  try {
+    return ForwardImpl(input, cache);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Qwen3Model::Forward: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
+                                                      KvCache* cache) const {
   const at::Tensor& ids = input.token_ids;
   if (!ids.defined() || ids.dim() != 1 || ids.scalar_type() != at::kLong || ids.size(0) == 0) {
     return absl::InvalidArgumentError("token_ids must be a non-empty 1-D int64 tensor");
@@ -348,41 +367,37 @@ absl::StatusOr<ForwardOutput> Qwen3Model::Forward(const ForwardInput& input, KvC
     ctx.lora = input.lora;
     LORADB_ASSIGN_OR_RETURN(ctx.groups, GroupLoraRows(*input.lora, rows, device_));
   }
-  try {
-    at::Tensor pos = at::from_blob(positions.data(), {rows}, at::kLong).to(device_, at::kFloat);
-    at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);
-    at::Tensor emb = at::cat({freqs, freqs}, -1);
-    ctx.cos = emb.cos().to(dtype_);
-    ctx.sin = emb.sin().to(dtype_);
+  at::Tensor pos = at::from_blob(positions.data(), {rows}, at::kLong).to(device_, at::kFloat);
+  at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  ctx.cos = emb.cos().to(dtype_);
+  ctx.sin = emb.sin().to(dtype_);
 
-    at::Tensor h = at::embedding(embed_, ids.to(device_));
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const Layer& l = layers_[i];
-      const int64_t li = static_cast<int64_t>(i);
-      h = h + Attention(ctx, l, li, RmsNorm(h, l.input_norm));
-      at::Tensor x = RmsNorm(h, l.post_norm);
-      h = h + (l.moe ? MoeMlp(ctx, l, li, x) : DenseMlp(ctx, l, li, x));
-    }
-    if (input.last_row_logits_only) {
-      std::vector<int64_t> last;
-      int64_t end = 0;
-      for (int64_t n : ctx.seq_lens) last.push_back((end += n) - 1);
-      at::Tensor idx =
-          at::from_blob(last.data(), {static_cast<int64_t>(last.size())}, at::kLong).to(device_);
-      h = h.index_select(0, idx);
-    }
-    ForwardOutput out;
-    out.hidden = RmsNorm(h, final_norm_);
-    out.logits = at::linear(out.hidden, lm_head_);
-    if (ctx.cache != nullptr) {
-      for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
-        ctx.cache->Commit(ctx.cache_seqs[s], ctx.seq_lens[s]);
-      }
-    }
-    return out;
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("Qwen3Model::Forward: ", e.what_without_backtrace()));
+  at::Tensor h = at::embedding(embed_, ids.to(device_));
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    const int64_t li = static_cast<int64_t>(i);
+    h = h + Attention(ctx, l, li, RmsNorm(h, l.input_norm));
+    at::Tensor x = RmsNorm(h, l.post_norm);
+    h = h + (l.moe ? MoeMlp(ctx, l, li, x) : DenseMlp(ctx, l, li, x));
   }
+  if (input.last_row_logits_only) {
+    std::vector<int64_t> last;
+    int64_t end = 0;
+    for (int64_t n : ctx.seq_lens) last.push_back((end += n) - 1);
+    at::Tensor idx =
+        at::from_blob(last.data(), {static_cast<int64_t>(last.size())}, at::kLong).to(device_);
+    h = h.index_select(0, idx);
+  }
+  ForwardOutput out;
+  out.hidden = RmsNorm(h, final_norm_);
+  out.logits = at::linear(out.hidden, lm_head_);
+  if (ctx.cache != nullptr) {
+    for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
+      ctx.cache->Commit(ctx.cache_seqs[s], ctx.seq_lens[s]);
+    }
+  }
+  return out;
 }
 
 }  // namespace loradb::model

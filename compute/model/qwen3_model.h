@@ -106,6 +106,10 @@ class Qwen3Model {
   struct Context;  // per-forward state
 
   Qwen3Model() = default;
+  absl::StatusOr<ForwardOutput> ForwardImpl(const ForwardInput& input, KvCache* cache) const;
+  static absl::StatusOr<std::unique_ptr<Qwen3Model>> FromTensorsImpl(
+      const ModelConfig& config, std::shared_ptr<const TensorSet> tensors,
+      const LoadOptions& options);
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w) const;
   at::Tensor Project(const Context& ctx, const at::Tensor& x, const at::Tensor& w,
                      const at::Tensor& bias, int64_t layer, LoraTarget target) const;

@@ -414,7 +414,16 @@ absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint
       return Invalid(absl::StrCat("tensor \"", s.name, "\": unknown dtype code ", dtype_index));
     }
     s.dtype = static_cast<DType>(dtype_index);
-    if (t->shape() != nullptr) s.shape.assign(t->shape()->begin(), t->shape()->end());
+    if (t->shape() != nullptr) {
+      // FlatBuffers 2.0.8's verifier checks a vector's 4-byte length alignment, not its
+      // elements': an int64 shape may sit at a 4 (mod 8) address. Copy bytes, never load
+      // through a misaligned pointer (found by fuzz_blob_header under UBSan).
+      static_assert(FLATBUFFERS_LITTLEENDIAN, "blob headers are little-endian");
+      s.shape.resize(t->shape()->size());
+      if (!s.shape.empty()) {
+        std::memcpy(s.shape.data(), t->shape()->Data(), s.shape.size() * sizeof(int64_t));
+      }
+    }
     s.offset = t->offset();
     s.length = t->length();
     s.xxh3 = t->xxh3();

@@ -6,6 +6,9 @@ checkpoint, transformers loads it, and the full-sequence logits of both must agr
 position to a max relative error (max |ours - ref| / max |ref| over the vocabulary) under 1e-4
 in fp32. The logits of a prefill followed by one-token decode steps through loradb's KV cache
 must agree the same way. A bf16 checkpoint is checked with a looser bound (bf16 rounding).
+PEFT LoRA adapters (random A and B; plain, rsLoRA with rank/alpha patterns, attention-only on
+the MoE base) saved by `peft` are applied by `loradb model logits --adapter DIR` and compared
+with the PEFT model's logits under the same fp32 bound.
 
 usage: model_oracle.py LORADB_CLI [--configs-dir DIR] [--report]
 Exit code 77 (ctest: skipped) when torch or transformers cannot be imported.
@@ -37,9 +40,11 @@ def run(cli, *args):
     return out.stdout
 
 
-def ours_logits(cli, model_dir, ids, prefill=0, dtype=""):
+def ours_logits(cli, model_dir, ids, prefill=0, dtype="", adapter=""):
     args = ["model", "logits", "--model", model_dir, "--prompt-ids", ",".join(map(str, ids)),
             "--json"]
+    if adapter:
+        args += ["--adapter", adapter]
     if prefill:
         args += ["--prefill", str(prefill)]
     if dtype:
@@ -117,6 +122,49 @@ def main():
                 agree = (full.argmax(-1) == ref.argmax(-1)) | ~clear
                 if not bool(agree.all()):
                     failures.append(f"{name} {dtype}: argmax differs at clear positions")
+        # PEFT adapters (random A and B) on the same bases: transformers + peft vs ours.
+        try:
+            import peft
+        except ImportError:
+            peft = None
+            print("SKIP (partial): peft not importable; PEFT adapter cases not run")
+        if peft is not None:
+            attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
+            mlp = ["gate_proj", "up_proj", "down_proj"]
+            peft_cases = [
+                ("tiny-dense", "plain", dict(r=4, lora_alpha=8, target_modules=attn + mlp)),
+                ("tiny-dense", "rslora+patterns",
+                 dict(r=4, lora_alpha=16, use_rslora=True, target_modules=attn + mlp,
+                      rank_pattern={"q_proj": 2}, alpha_pattern={"down_proj": 3.0})),
+                ("tiny-moe", "attention", dict(r=3, lora_alpha=6, target_modules=attn)),
+            ]
+            for base_name, case, kwargs in peft_cases:
+                base = os.path.join(tmp, f"{base_name}-f32")
+                ref_model = AutoModelForCausalLM.from_pretrained(
+                    base, dtype=torch.float32, attn_implementation="eager")
+                torch.manual_seed(31)
+                cfg = peft.LoraConfig(init_lora_weights=False, lora_dropout=0.0, **kwargs)
+                pm = peft.get_peft_model(ref_model, cfg)
+                pm.eval()
+                with torch.no_grad():
+                    ref = pm(torch.tensor([ids]), use_cache=False).logits[0].to(torch.float64)
+                    base_ref = pm.get_base_model()
+                adir = os.path.join(tmp, f"adapter-{base_name}-{case}")
+                pm.save_pretrained(adir)
+                for mode, prefill in (("full", 0), ("prefill5+decode", 5)):
+                    ours = ours_logits(args.cli, base, ids, prefill=prefill, adapter=adir)
+                    err = max_rel_err(ours, ref)
+                    ok = err < FP32_BOUND
+                    print(json.dumps({"model": base_name, "adapter": case, "case": mode,
+                                      "peft": peft.__version__, "max_rel_err": err,
+                                      "bound": FP32_BOUND, "ok": ok}))
+                    if not ok:
+                        failures.append(f"PEFT {base_name} {case} {mode}: {err:.3g}")
+                # The adapter must matter, or the comparison proves nothing.
+                delta = max_rel_err(ours_logits(args.cli, base, ids), ref)
+                if not delta > 100 * FP32_BOUND:
+                    failures.append(f"PEFT {base_name} {case}: adapter changes nothing ({delta})")
+                del base_ref
         # Negative control: the metric must tell two different checkpoints apart.
         cfg = os.path.join(args.configs_dir, "tiny-dense.json")
         a, b = os.path.join(tmp, "control-a"), os.path.join(tmp, "control-b")

@@ -474,5 +474,40 @@ TEST(BlobRejectTest, TensorChecksumMismatch) {
   EXPECT_TRUE(ParseBlob(Bytes(blob), nullptr, /*verify_checksums=*/false).ok());
 }
 
+// Found by fuzz_blob_header under UBSan: a header whose int64 shape vector sits at a 4 (mod 8)
+// address passes FlatBuffers 2.0.8's verifier; reading it through the accessor was a misaligned
+// load. The input is the fuzzer's, re-sealed as the fuzz target does. Run under
+// `tools/dev test --asan` (UBSan) to see the original failure.
+TEST(BlobRegressionTest, FuzzMisalignedShapeVector) {
+  auto bytes = ReadFileToString(std::string(LORADB_SOURCE_DIR) +
+                                "/tests/fuzz/regressions/blob_header_misaligned_shape_vector.bin");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  std::string blob = *bytes;
+  Reseal(&blob);
+  uint64_t shape_vector_at = 0;
+  {
+    // The shape vector the fuzzer produced is misaligned for int64 (that is the point).
+    const auto* h = blob::fb::GetBlobHeader(blob.data() + kBlobPrefixBytes);
+    flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(blob.data() + kBlobPrefixBytes),
+                            HeaderLen(blob));
+    ASSERT_TRUE(h->Verify(v));
+    for (const blob::fb::StoredTensor* t : *h->tensors()) {
+      if (t->shape() != nullptr && reinterpret_cast<uintptr_t>(t->shape()->Data()) % 8 != 0) {
+        shape_vector_at = reinterpret_cast<uintptr_t>(t->shape()->Data()) -
+                          reinterpret_cast<uintptr_t>(blob.data());
+      }
+    }
+  }
+  EXPECT_NE(shape_vector_at, 0u) << "input no longer has a misaligned shape vector";
+  auto set = ParseBlob(Bytes(blob), nullptr, true);
+  if (set.ok()) {
+    auto again = SerializeBlob(set->tensors(), set->metadata());
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(ParseBlob(Bytes(*again), nullptr, true).ok());
+  } else {
+    EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument) << set.status();
+  }
+}
+
 }  // namespace
 }  // namespace loradb

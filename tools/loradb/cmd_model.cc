@@ -37,7 +37,7 @@ struct InitRandomArgs {
 };
 
 struct LogitsArgs {
-  std::string model, ids, dtype;
+  std::string model, ids, dtype, adapter;
   int64_t prefill = 0;
   bool json = false;
 };
@@ -111,6 +111,8 @@ void SetupModel(CLI::App* sub, Invocation* inv) {
                  "prefill this many tokens into a KV cache, then decode the rest one by one "
                  "(default: one full-sequence forward)");
   lg->add_option("--dtype", logits->dtype, "compute dtype f32 | bf16 | f16 (default: weights')");
+  lg->add_option("--adapter", logits->adapter,
+                 "PEFT LoRA adapter directory applied to every token (default: base only)");
   AddJsonFlag(lg, &logits->json);
   lg->callback([inv, logits] {
     inv->run = [logits]() -> absl::Status {
@@ -120,8 +122,8 @@ void SetupModel(CLI::App* sub, Invocation* inv) {
         absl::Status st = model::CheckDTypeName(logits->dtype);
         if (!st.ok()) return st;
       }
-      absl::StatusOr<std::vector<std::vector<float>>> rows =
-          model::ComputeLogits({logits->model, *ids, logits->prefill, logits->dtype});
+      absl::StatusOr<std::vector<std::vector<float>>> rows = model::ComputeLogits(
+          {logits->model, *ids, logits->prefill, logits->dtype, logits->adapter});
       if (!rows.ok()) return rows.status();
       if (logits->json) {
         PrintJson({{"token_ids", *ids}, {"prefill", logits->prefill}, {"logits", *rows}});
