@@ -438,6 +438,16 @@ absl::StatusOr<std::vector<AliasEntry>> Store::ListAliases(const std::string& po
   return catalog_->ListAliases(p.id);
 }
 
+absl::StatusOr<std::vector<AliasLogEntry>> Store::AliasLog(const std::string& policy,
+                                                           const std::string& alias) const {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  return catalog_->AliasLog(p.id, alias);
+}
+
+absl::Status Store::SetEvalScore(uint64_t id, const std::string& name, float value) {
+  return catalog_->SetEvalScore(id, name, value);
+}
+
 absl::Status Store::DeleteRevision(uint64_t id) { return catalog_->DeleteRevision(id); }
 
 // ---- checkpoints
@@ -476,6 +486,12 @@ absl::StatusOr<CheckpointRecord> Store::PutCheckpoint(const std::string& policy,
 
 absl::StatusOr<CheckpointRecord> Store::GetCheckpoint(uint64_t id) const {
   return catalog_->GetCheckpoint(id);
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> Store::ListCheckpoints(
+    const std::string& policy) const {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
+  return catalog_->ListCheckpoints(p.id);
 }
 
 absl::StatusOr<TensorSet> Store::ReadCheckpointTensors(const BlobRef& ref) const {

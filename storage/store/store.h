@@ -172,6 +172,11 @@ class Store {
                                                   const std::string& alias);
   [[nodiscard]] absl::StatusOr<std::vector<AliasEntry>> ListAliases(
       const std::string& policy) const;
+  // The alias's move log, oldest first.
+  [[nodiscard]] absl::StatusOr<std::vector<AliasLogEntry>> AliasLog(const std::string& policy,
+                                                                    const std::string& alias) const;
+  // Records an eval score (name -> value) on a revision.
+  [[nodiscard]] absl::Status SetEvalScore(uint64_t id, const std::string& name, float value);
   // FailedPrecondition while an alias points at it. The blob file stays until compaction.
   [[nodiscard]] absl::Status DeleteRevision(uint64_t id);
 
@@ -180,6 +185,9 @@ class Store {
                                                                uint64_t step, uint64_t parent,
                                                                const CheckpointParts& parts);
   [[nodiscard]] absl::StatusOr<CheckpointRecord> GetCheckpoint(uint64_t id) const;
+  // A policy's checkpoints ordered by (step, id).
+  [[nodiscard]] absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(
+      const std::string& policy) const;
   // Reads one checkpoint blob back (tensors), checksum verified.
   [[nodiscard]] absl::StatusOr<TensorSet> ReadCheckpointTensors(const BlobRef& ref) const;
   // Reads an opaque blob (e.g. rollout records) back, checksum verified.

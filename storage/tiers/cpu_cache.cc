@@ -43,7 +43,7 @@ void CpuLease::Release() {
 
 CpuCache::CpuCache(CpuCacheOptions options, AdapterLoadFn load)
     : options_(std::move(options)), load_(std::move(load)) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   policy_ = MakeEvictionPolicy(options_.policy, options_.budget_bytes, options_.expected_entries);
 }
 
@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<CpuCache>> CpuCache::Create(CpuCacheOptions optio
 
 CpuCache::~CpuCache() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     for (const auto& [prio, seq, rev] : queue_) {
       auto it = loads_.find(rev);
@@ -124,7 +124,7 @@ void CpuCache::RaisePriority(Load& load, LoadPriority priority) {
 
 absl::StatusOr<CpuLease> CpuCache::Acquire(uint64_t revision, LoadPriority priority,
                                            std::optional<absl::Duration> timeout) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   policy_->RecordAccess(revision);
   if (auto it = entries_.find(revision); it != entries_.end()) {
     stats_.hits++;
@@ -147,9 +147,9 @@ absl::StatusOr<CpuLease> CpuCache::Acquire(uint64_t revision, LoadPriority prior
   load->waiters++;
   auto done = [&load]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return load->done; };
   if (timeout.has_value()) {
-    mu_.AwaitWithTimeout(absl::Condition(&done), *timeout);
+    mu_.AwaitWithTimeout(done, *timeout);
   } else {
-    mu_.Await(absl::Condition(&done));
+    mu_.Await(done);
   }
   if (!load->done) {
     load->waiters--;
@@ -163,7 +163,7 @@ absl::StatusOr<CpuLease> CpuCache::Acquire(uint64_t revision, LoadPriority prior
 }
 
 absl::Status CpuCache::Prefetch(uint64_t revision, LoadPriority priority) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (entries_.contains(revision)) return absl::OkStatus();
   if (auto it = loads_.find(revision); it != loads_.end()) {
     RaisePriority(*it->second, priority);
@@ -180,9 +180,9 @@ void CpuCache::WorkerLoop() {
   while (true) {
     std::shared_ptr<Load> load;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
-      mu_.Await(absl::Condition(&ready));
+      mu_.Await(ready);
       if (stop_) return;
       auto [prio, seq, rev] = *queue_.begin();
       queue_.erase(queue_.begin());
@@ -198,7 +198,7 @@ void CpuCache::WorkerLoop() {
     }
     std::vector<std::shared_ptr<const CachedAdapter>> garbage;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       running_--;
       loads_.erase(load->revision);
       stats_.load_latency.Record(took);
@@ -261,7 +261,7 @@ void CpuCache::UpdateOverBudget() {
 
 void CpuCache::Release(uint64_t revision) {
   std::vector<std::shared_ptr<const CachedAdapter>> garbage;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(revision);
   if (it == entries_.end() || it->second.leases <= 0) return;  // cannot happen with RAII leases
   if (--it->second.leases == 0) {
@@ -273,7 +273,7 @@ void CpuCache::Release(uint64_t revision) {
 
 absl::Status CpuCache::Evict(uint64_t revision) {
   std::vector<std::shared_ptr<const CachedAdapter>> garbage;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(revision);
   if (it == entries_.end()) {
     if (loads_.contains(revision)) {
@@ -292,12 +292,12 @@ absl::Status CpuCache::Evict(uint64_t revision) {
 }
 
 void CpuCache::ClearNegative(uint64_t revision) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   negative_.erase(revision);
 }
 
 CpuResidency CpuCache::Find(uint64_t revision) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   CpuResidency r;
   if (auto it = entries_.find(revision); it != entries_.end()) {
     r.state = CpuResidency::State::kResident;
@@ -310,7 +310,7 @@ CpuResidency CpuCache::Find(uint64_t revision) const {
 }
 
 CpuCacheStats CpuCache::stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   CpuCacheStats s = stats_;
   s.inflight_loads = running_;
   s.queued_loads = queue_.size();

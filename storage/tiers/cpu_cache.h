@@ -27,11 +27,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "storage/formats/tensor.h"
 #include "storage/tiers/eviction.h"
 #include "storage/tiers/latency_histogram.h"
+#include "storage/tiers/sync.h"
 
 namespace loradb::tiers {
 
@@ -198,7 +198,7 @@ class CpuCache {
   const CpuCacheOptions options_;
   const AdapterLoadFn load_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Load>> loads_ ABSL_GUARDED_BY(mu_);

@@ -5,9 +5,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "storage/tiers/device_backend.h"
 #include "storage/tiers/host_buffer.h"
+#include "storage/tiers/sync.h"
 
 #if defined(LORADB_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -28,7 +28,7 @@ class CudaBackend final : public DeviceBackend {
  public:
   explicit CudaBackend(int device) : device_(device), name_(absl::StrCat("cuda:", device)) {}
   ~CudaBackend() override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (auto& s : free_) {
       (void)cudaEventDestroy(s.done);
       (void)cudaStreamDestroy(s.stream);
@@ -68,7 +68,7 @@ class CudaBackend final : public DeviceBackend {
     if (cudaError_t e = cudaEventSynchronize(s.done); e != cudaSuccess && st.ok()) {
       st = CudaError(e, "cudaEventSynchronize");
     }
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     free_.push_back(s);
     return st;
   }
@@ -87,7 +87,7 @@ class CudaBackend final : public DeviceBackend {
   };
   absl::Status TakeStream(Stream* out) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (!free_.empty()) {
         *out = free_.back();
         free_.pop_back();
@@ -111,7 +111,7 @@ class CudaBackend final : public DeviceBackend {
 
   int device_;
   std::string name_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<Stream> free_ ABSL_GUARDED_BY(mu_);
 };
 

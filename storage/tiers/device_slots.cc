@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<DeviceSlots>> DeviceSlots::Create(
   auto arena = slots->backend_->AllocateArena(slots->total_pages_ * options.page_bytes);
   if (!arena.ok()) return arena.status();
   slots->arena_ = *arena;
-  absl::MutexLock lock(&slots->mu_);
+  MutexLock lock(&slots->mu_);
   slots->free_runs_[0] = slots->total_pages_;
   slots->free_pages_ = slots->total_pages_;
   slots->stats_.pages_total = slots->total_pages_;
@@ -166,7 +166,7 @@ void DeviceSlots::Unpin(std::span<const uint64_t> revisions) {
 }
 
 void DeviceSlots::Release(const std::vector<std::shared_ptr<const DeviceAdapter>>& adapters) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (const auto& a : adapters) {
     auto it = slots_.find(a->revision);
     if (it == slots_.end() || it->second.adapter.get() != a.get()) continue;
@@ -201,7 +201,7 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
 
   std::vector<uint64_t> missing;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (uint64_t rev : unique) {
       auto it = slots_.find(rev);
       if (it != slots_.end() && !it->second.failed) {
@@ -219,7 +219,7 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
   for (uint64_t rev : missing) {
     absl::StatusOr<CpuLease> lease = cache_->Acquire(rev, LoadPriority::kDecode);
     if (!lease.ok()) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       unpin_all();
       return absl::Status(lease.status().code(),
                           absl::StrCat("revision ", rev, ": ", lease.status().message()));
@@ -239,7 +239,7 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
   std::vector<size_t> created;  // indices into `missing`
   std::vector<CopyOp> ops;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     std::vector<size_t> to_create;
     uint64_t need = 0;
     for (size_t i = 0; i < missing.size(); ++i) {
@@ -321,7 +321,7 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
   absl::Status copied = ops.empty() ? absl::OkStatus() : backend_->Copy(ops);
   absl::Duration took = absl::Now() - start;
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!copied.ok()) {
     for (size_t i : created) {
       auto it = slots_.find(missing[i]);
@@ -349,7 +349,7 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
     }
     return true;
   };
-  mu_.Await(absl::Condition(&settled));
+  mu_.Await(settled);
   DeviceBatchLease lease;
   for (uint64_t rev : unique) {
     for (const auto& [prev, adapter] : pinned) {
@@ -370,7 +370,7 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
 }
 
 absl::Status DeviceSlots::Evict(uint64_t revision) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = slots_.find(revision);
   if (it == slots_.end()) {
     return absl::NotFoundError(absl::StrCat("revision ", revision, " is not in the device tier"));
@@ -385,7 +385,7 @@ absl::Status DeviceSlots::Evict(uint64_t revision) {
 }
 
 DeviceResidency DeviceSlots::Find(uint64_t revision) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   DeviceResidency r;
   auto it = slots_.find(revision);
   if (it != slots_.end() && it->second.ready) {
@@ -397,7 +397,7 @@ DeviceResidency DeviceSlots::Find(uint64_t revision) const {
 }
 
 DeviceSlotsStats DeviceSlots::stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   DeviceSlotsStats s = stats_;
   s.pages_free = free_pages_;
   s.largest_free_run = 0;

@@ -23,11 +23,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "storage/formats/tensor.h"
 #include "storage/tiers/cpu_cache.h"
 #include "storage/tiers/device_backend.h"
 #include "storage/tiers/latency_histogram.h"
+#include "storage/tiers/sync.h"
 
 namespace loradb::tiers {
 
@@ -185,7 +185,7 @@ class DeviceSlots {
   std::byte* arena_ = nullptr;
   uint64_t total_pages_ = 0;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint64_t> free_runs_ ABSL_GUARDED_BY(mu_);  // first page -> pages
   uint64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;

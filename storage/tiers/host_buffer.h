@@ -22,7 +22,8 @@ inline constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
   return (n + alignment - 1) & ~(alignment - 1);
 }
 
-// An owned, zero-initialised-on-request, page-aligned allocation. Move-only.
+// An owned, page-aligned allocation (large ones mmap'ed, huge-page backed where allowed, and
+// populated at allocation). Not copyable.
 class HostBuffer {
  public:
   // Allocates `size` bytes (capacity rounded up to kHostAlignment). With `pin`, tries
@@ -39,19 +40,20 @@ class HostBuffer {
   const std::byte* data() const { return data_; }
   // Bytes of payload (what the caller asked for).
   uint64_t size() const { return size_; }
-  // Bytes allocated (size rounded up to kHostAlignment).
+  // Bytes allocated (size rounded up to kHostAlignment, or to 2 MiB for mapped buffers).
   uint64_t capacity() const { return capacity_; }
   bool pinned() const { return pinned_; }
   std::span<const std::byte> bytes() const { return {data_, static_cast<size_t>(size_)}; }
 
  private:
-  HostBuffer(std::byte* data, uint64_t size, uint64_t capacity, bool pinned)
-      : data_(data), size_(size), capacity_(capacity), pinned_(pinned) {}
+  HostBuffer(std::byte* data, uint64_t size, uint64_t capacity, bool pinned, bool mapped)
+      : data_(data), size_(size), capacity_(capacity), pinned_(pinned), mapped_(mapped) {}
 
   std::byte* data_;
   uint64_t size_;
   uint64_t capacity_;
   bool pinned_;
+  bool mapped_;  // mmap'ed (large buffers) rather than aligned_alloc'ed
 };
 
 // True when the CUDA runtime is compiled in and reports at least one device. Cached after the

@@ -98,13 +98,13 @@ class Loader::PreadPool {
   }
   ~PreadPool() {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
     for (auto& t : threads_) t.join();
   }
   void Submit(std::function<void()> task) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     tasks_.push_back(std::move(task));
   }
 
@@ -113,11 +113,8 @@ class Loader::PreadPool {
     while (true) {
       std::function<void()> task;
       {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](PreadPool* p)
-                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->tasks_.empty(); },
-            this));
+        MutexLock lock(&mu_);
+        mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || !tasks_.empty(); });
         if (tasks_.empty()) return;
         task = std::move(tasks_.front());
         tasks_.pop_front();
@@ -126,7 +123,7 @@ class Loader::PreadPool {
     }
   }
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
@@ -163,7 +160,7 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
       ring->initialised = true;
       loader->backend_ = LoaderBackend::kIoUring;
       loader->rings_.fetch_add(1);
-      absl::MutexLock lock(&loader->rings_mu_);
+      MutexLock lock(&loader->rings_mu_);
       loader->free_rings_.push_back(std::move(ring));
     }
   }
@@ -179,7 +176,7 @@ Loader::~Loader() = default;
 
 std::unique_ptr<Loader::Ring> Loader::TakeRing(absl::Status* error) {
   {
-    absl::MutexLock lock(&rings_mu_);
+    MutexLock lock(&rings_mu_);
     if (!free_rings_.empty()) {
       auto ring = std::move(free_rings_.back());
       free_rings_.pop_back();
@@ -199,7 +196,7 @@ std::unique_ptr<Loader::Ring> Loader::TakeRing(absl::Status* error) {
 }
 
 void Loader::ReturnRing(std::unique_ptr<Ring> ring) {
-  absl::MutexLock lock(&rings_mu_);
+  MutexLock lock(&rings_mu_);
   free_rings_.push_back(std::move(ring));
 }
 
@@ -290,14 +287,14 @@ absl::Status Loader::ReadPread(int fd, uint64_t size, std::byte* buf, const std:
   // O_DIRECT reads need aligned lengths; the buffer's capacity covers the aligned tail.
   const uint64_t read_end = AlignUp(size, kHostAlignment);
   struct Shared {
-    absl::Mutex mu;
+    Mutex mu;
     uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
     absl::Status status ABSL_GUARDED_BY(mu);
   } shared;
   uint64_t nchunks = (read_end + options_.chunk_bytes - 1) / options_.chunk_bytes;
   if (nchunks == 0) return absl::OkStatus();
   {
-    absl::MutexLock lock(&shared.mu);
+    MutexLock lock(&shared.mu);
     shared.remaining = nchunks;
   }
   int flags = ::fcntl(fd, F_GETFL);
@@ -309,14 +306,13 @@ absl::Status Loader::ReadPread(int fd, uint64_t size, std::byte* buf, const std:
     pool_->Submit([&shared, fd, direct, &path, buf, off, len, size] {
       FdCloser buffered(-1);
       absl::Status s = PreadRange(fd, direct, &buffered, path, buf, off, len, size);
-      absl::MutexLock lock(&shared.mu);
+      MutexLock lock(&shared.mu);
       if (!s.ok() && shared.status.ok()) shared.status = s;
       --shared.remaining;
     });
   }
-  absl::MutexLock lock(&shared.mu);
-  shared.mu.Await(absl::Condition(
-      +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->remaining == 0; }, &shared));
+  MutexLock lock(&shared.mu);
+  shared.mu.Await([&shared]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shared.remaining == 0; });
   return shared.status;
 }
 

@@ -24,9 +24,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "storage/formats/tensor.h"
 #include "storage/tiers/host_buffer.h"
+#include "storage/tiers/sync.h"
 #include "storage/util/hash.h"
 
 namespace loradb::tiers {
@@ -118,7 +118,7 @@ class Loader {
   int io_uring_init_errno_ = 0;
   std::unique_ptr<PreadPool> pool_;
 
-  absl::Mutex rings_mu_;
+  Mutex rings_mu_;
   std::vector<std::unique_ptr<Ring>> free_rings_ ABSL_GUARDED_BY(rings_mu_);
 
   std::atomic<uint64_t> files_{0}, bytes_{0}, chunks_{0}, o_direct_files_{0}, buffered_files_{0},

@@ -221,6 +221,7 @@ TEST_F(StoreTest, CheckpointsAndLocate) {
   EXPECT_EQ(loc->checkpoint->id, ck->id);
   EXPECT_EQ(loc->revision.id, r->id);
   EXPECT_EQ(loc->location.tier, Tier::kStorage);
+  EXPECT_EQ(store_->ListCheckpoints("acme/support")->size(), 1u);
   EXPECT_EQ(loc->location.blob_path, store_->BlobPath(r->blob.hash));
   EXPECT_TRUE(absl::IsNotFound(store_->Locate("acme/support", "canary").status()));
   EXPECT_EQ(store_->catalog().GetBlob(r->blob.hash)->refcount, 1u);
@@ -243,6 +244,13 @@ TEST_F(StoreTest, AliasesRollbackDeleteThroughStore) {
   ASSERT_TRUE(page.ok());
   ASSERT_EQ(page->items.size(), 1u);
   EXPECT_EQ(store_->ListAliases("acme/support")->size(), 1u);
+  auto log = store_->AliasLog("acme/support", "serving");
+  ASSERT_TRUE(log.ok());
+  ASSERT_EQ(log->size(), 3u);
+  EXPECT_EQ(log->back().reason, "rollback");
+  ASSERT_TRUE(store_->SetEvalScore(r1->id, "win_rate", 0.75f).ok());
+  EXPECT_FLOAT_EQ(store_->GetRevision(r1->id)->evals.at("win_rate"), 0.75f);
+  EXPECT_TRUE(absl::IsNotFound(store_->SetEvalScore(999, "x", 1)));
   ExpectVerifyOk();
 }
 

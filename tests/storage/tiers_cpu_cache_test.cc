@@ -6,9 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "storage/tiers/cpu_cache.h"
+#include "storage/tiers/sync.h"
 
 namespace loradb::tiers {
 namespace {
@@ -42,9 +41,9 @@ class GatedLoader {
   AdapterLoadFn fn() {
     return [this](uint64_t rev) -> absl::StatusOr<std::shared_ptr<const CachedAdapter>> {
       {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         order_.push_back(rev);
-        mu_.Await(absl::Condition(&open_));
+        mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return open_; });
       }
       calls_.fetch_add(1);
       if (fail_) return absl::DataLossError("corrupt blob (injected)");
@@ -52,15 +51,15 @@ class GatedLoader {
     };
   }
   void Open() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     open_ = true;
   }
   std::vector<uint64_t> order() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return order_;
   }
   size_t started() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return order_.size();
   }
   int calls() const { return calls_.load(); }
@@ -68,7 +67,7 @@ class GatedLoader {
 
  private:
   uint64_t bytes_;
-  absl::Mutex mu_;
+  Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<uint64_t> order_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> calls_{0};
@@ -220,11 +219,11 @@ TEST(CpuCacheTest, DecodeLoadsRunBeforePrefetches) {
 TEST(CpuCacheTest, FailedLoadsAreRememberedForTheTtl) {
   std::atomic<int> calls{0};
   absl::Time now = absl::FromUnixSeconds(1000);
-  absl::Mutex clock_mu;
+  Mutex clock_mu;
   CpuCacheOptions o;
   o.negative_ttl = absl::Seconds(5);
   o.clock = [&] {
-    absl::MutexLock lock(&clock_mu);
+    MutexLock lock(&clock_mu);
     return now;
   };
   auto cache =
@@ -239,7 +238,7 @@ TEST(CpuCacheTest, FailedLoadsAreRememberedForTheTtl) {
   EXPECT_EQ(calls.load(), 1);
   EXPECT_EQ((*cache)->stats().negative_hits, 2u);
   {
-    absl::MutexLock lock(&clock_mu);
+    MutexLock lock(&clock_mu);
     now += absl::Seconds(6);
   }
   EXPECT_EQ((*cache)->Acquire(9).status().code(), absl::StatusCode::kNotFound);
