@@ -83,7 +83,9 @@ class Qwen3Model {
 
   // Runs the decoder. InvalidArgument for bad shapes, token ids outside the vocabulary, unknown
   // cache sequences or a malformed LoRA batch; on error the cache is unchanged. Differentiable
-  // with respect to LoRA factors (the base weights never require grad).
+  // with respect to LoRA factors (the base weights never require grad) when run without a
+  // cache: cached K/V are stored detached, so train without one. Concurrent calls are safe only
+  // with a stateless applier (the default) and distinct caches; KernelLoraApplier serialises.
   [[nodiscard]] absl::StatusOr<ForwardOutput> Forward(const ForwardInput& input,
                                                       KvCache* cache = nullptr) const;
 

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/catalog/codec.h"
+#include "storage/util/fault_injection.h"
 #include "storage/util/file_util.h"
 #include "storage/util/status_macros.h"
 
@@ -34,6 +35,7 @@ struct Catalog::Dbis {
   MDB_dbi checkpoints = 0;
   MDB_dbi policy_checkpoints = 0;
   MDB_dbi blobs = 0;
+  MDB_dbi revisions_by_blob = 0;  // schema v2
 };
 
 namespace {
@@ -418,6 +420,12 @@ absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
   LORADB_RETURN_IF_ERROR(
       Put(txn, d.policy_revisions, pk.val(), entry.val(), 0, "put policy revision index"));
   LORADB_RETURN_IF_ERROR(TxnRefBlob(txn, d, r.blob, relpath, BlobKind::kAdapter));
+  if (!r.blob.empty()) {
+    U128Key bk(r.blob.hash.high, r.blob.hash.low);
+    U64Key rk(r.id);
+    LORADB_RETURN_IF_ERROR(
+        Put(txn, d.revisions_by_blob, bk.val(), rk.val(), 0, "put revisions-by-blob index"));
+  }
   if (!nr.alias.empty()) {
     LORADB_RETURN_IF_ERROR(TxnSetAlias(txn, d, policy, nr.alias, r.id, nr.alias_reason, now));
   }
@@ -530,6 +538,7 @@ absl::Status Catalog::Init() {
         {"checkpoints", &dbi_->checkpoints, 0},
         {"policy_checkpoints", &dbi_->policy_checkpoints, MDB_DUPSORT | MDB_DUPFIXED},
         {"blobs", &dbi_->blobs, 0},
+        {"revisions_by_blob", &dbi_->revisions_by_blob, MDB_DUPSORT | MDB_DUPFIXED},
     };
     for (auto& db : dbs) {
       int r = mdb_dbi_open(txn, db.name, db.flags | create, db.dbi);
@@ -685,9 +694,10 @@ absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
       } else {
         tl_map_full = false;
         absl::Status st = fn(txn);
+        if (st.ok()) st = FaultPoint("catalog.before_commit");
         if (st.ok()) {
           rc = mdb_txn_commit(txn);
-          if (rc == 0) return absl::OkStatus();
+          if (rc == 0) return FaultPoint("catalog.after_commit");
           st = LmdbError(rc, "commit");
         } else {
           mdb_txn_abort(txn);
@@ -1233,6 +1243,22 @@ absl::StatusOr<std::vector<BlobRecord>> Catalog::ListBlobs() const {
       b.hash = Hash128{GetBE64(k.mv_data), GetBE64(static_cast<const uint8_t*>(k.mv_data) + 8)};
       out.push_back(std::move(b));
     }
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::vector<uint64_t>> Catalog::ListRevisionsByBlob(const Hash128& hash) const {
+  std::vector<uint64_t> out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    out.clear();
+    Cursor c(txn, dbi_->revisions_by_blob);
+    LORADB_RETURN_IF_ERROR(c.status());
+    U128Key bk(hash.high, hash.low);
+    MDB_val k = bk.val(), v;
+    int rc = c.Get(&k, &v, MDB_SET);
+    for (; rc == 0; rc = c.Get(&k, &v, MDB_NEXT_DUP)) out.push_back(GetBE64(v.mv_data));
+    if (rc != MDB_NOTFOUND) return LmdbError(rc, "revisions-by-blob index");
     return absl::OkStatus();
   }));
   return out;

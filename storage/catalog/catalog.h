@@ -190,6 +190,11 @@ class Catalog {
   // checkpoints. A non-OK status only for read errors; inconsistencies go to `problems`.
   [[nodiscard]] absl::StatusOr<CatalogIntegrity> CheckIntegrity() const;
 
+  // Ids of the revisions (live or deleted) whose record references the blob `hash`, in id order
+  // (the schema v2 `revisions_by_blob` index; empty when none).
+  [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> ListRevisionsByBlob(
+      const Hash128& hash) const;
+
   // Bytes of the LMDB data file (the used part of the map).
   [[nodiscard]] absl::StatusOr<uint64_t> DataBytes() const;
 

@@ -17,8 +17,9 @@
 
 namespace loradb {
 
-// The catalog layout version this build writes and the newest it reads.
-inline constexpr uint32_t kCatalogSchemaVersion = 1;
+// The catalog layout version this build writes and the newest it reads. v2 added the
+// `revisions_by_blob` index (storage/maintenance migrates v1 stores forward).
+inline constexpr uint32_t kCatalogSchemaVersion = 2;
 
 struct Architecture {
   std::string family;  // HF model_type ("qwen3", "qwen3_moe") or "custom"

@@ -19,6 +19,8 @@ namespace loradb {
 namespace {
 
 constexpr int kNumDTypes = 15;
+// Most members a member_template may name (bounds the work a hostile header can ask for).
+constexpr int64_t kMaxTemplateMembers = 1 << 20;
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("blob: ", what));
@@ -104,6 +106,26 @@ bool ParseExpertName(absl::string_view name, ExpertName* out) {
   return layer == "layers" || absl::EndsWith(layer, ".layers");
 }
 
+// Member `i`'s name from a template with exactly one "{}".
+std::string ExpandTemplate(absl::string_view tmpl, size_t i) {
+  size_t at = tmpl.find("{}");
+  return absl::StrCat(tmpl.substr(0, at), i, tmpl.substr(at + 2));
+}
+
+// The member template of a planned MoE group when every member's name is exactly what the
+// template gives (canonical decimal expert numbers, no other "{}"); empty otherwise.
+std::string MemberTemplate(const std::vector<const TensorView*>& parts) {
+  ExpertName en;
+  if (parts.empty() || !ParseExpertName(parts[0]->name, &en)) return "";
+  std::string tmpl = absl::StrCat(en.mlp_prefix, ".experts.{}.", en.proj, ".lora_",
+                                  std::string(1, en.side), ".weight");
+  if (tmpl.find("{}") != tmpl.rfind("{}")) return "";
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i]->name != ExpandTemplate(tmpl, i)) return "";
+  }
+  return tmpl;
+}
+
 absl::Status ValidateViews(const std::vector<TensorView>& tensors) {
   absl::flat_hash_set<absl::string_view> names;
   names.reserve(tensors.size());
@@ -138,6 +160,7 @@ struct StoredPlan {
   std::vector<int64_t> shape;
   std::vector<const TensorView*> parts;
   bool packed = false;
+  std::string member_template;  // packed only; empty: member names written out
   uint64_t length = 0;
   uint64_t offset = 0;
   uint64_t xxh3 = 0;
@@ -159,11 +182,16 @@ flatbuffers::DetachedBuffer BuildHeader(const std::vector<StoredPlan>& stored,
     tensors.push_back(blob::fb::CreateStoredTensor(b, name, static_cast<blob::fb::DType>(s.dtype),
                                                    shape, s.offset, s.length, s.xxh3));
     if (s.packed) {
-      std::vector<flatbuffers::Offset<flatbuffers::String>> members;
-      members.reserve(s.parts.size());
-      for (const TensorView* p : s.parts) members.push_back(b.CreateString(p->name));
-      groups.push_back(
-          blob::fb::CreatePackedGroup(b, static_cast<uint32_t>(i), 0, b.CreateVector(members)));
+      if (!s.member_template.empty()) {
+        groups.push_back(blob::fb::CreatePackedGroup(b, static_cast<uint32_t>(i), 0, 0,
+                                                     b.CreateString(s.member_template)));
+      } else {
+        std::vector<flatbuffers::Offset<flatbuffers::String>> members;
+        members.reserve(s.parts.size());
+        for (const TensorView* p : s.parts) members.push_back(b.CreateString(p->name));
+        groups.push_back(
+            blob::fb::CreatePackedGroup(b, static_cast<uint32_t>(i), 0, b.CreateVector(members)));
+      }
     }
   }
   std::vector<flatbuffers::Offset<blob::fb::KeyValue>> kvs;
@@ -266,6 +294,7 @@ absl::StatusOr<std::string> SerializeBlob(const std::vector<TensorView>& tensors
         s.length += tensors[idx].nbytes;
         in_group[idx] = true;
       }
+      s.member_template = MemberTemplate(s.parts);
       stored.push_back(std::move(s));
     }
   }
@@ -483,11 +512,36 @@ absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint
         return Invalid(absl::StrCat("packed group \"", s.name, "\": stacking axis ", group.axis,
                                     " is not supported (only 0)"));
       }
-      for (const flatbuffers::String* m : *g->members()) {
-        if (!IsUtf8(m))
-          return Invalid(
-              absl::StrCat("packed group \"", s.name, "\": a member name is not valid UTF-8"));
-        group.members.push_back(m->str());
+      const bool explicit_members = g->members() != nullptr && g->members()->size() > 0;
+      if (explicit_members == (g->member_template() != nullptr)) {
+        return Invalid(absl::StrCat("packed group \"", s.name,
+                                    "\": needs exactly one of members and member_template"));
+      }
+      if (explicit_members) {
+        for (const flatbuffers::String* m : *g->members()) {
+          if (!IsUtf8(m)) {
+            return Invalid(
+                absl::StrCat("packed group \"", s.name, "\": a member name is not valid UTF-8"));
+          }
+          group.members.push_back(m->str());
+        }
+      } else {
+        const flatbuffers::String* t = g->member_template();
+        absl::string_view tmpl(t->c_str(), t->size());
+        if (!IsUtf8(t) || tmpl.find("{}") == absl::string_view::npos ||
+            tmpl.find("{}") != tmpl.rfind("{}")) {
+          return Invalid(absl::StrCat("packed group \"", s.name,
+                                      "\": member_template must be UTF-8 with exactly one \"{}\""));
+        }
+        if (s.shape.empty() || s.shape[0] <= 0 || s.shape[0] > kMaxTemplateMembers) {
+          return Invalid(absl::StrCat("packed group \"", s.name, "\": shape ", ShapeString(s.shape),
+                                      " does not allow 1..", kMaxTemplateMembers,
+                                      " template members"));
+        }
+        group.members.reserve(static_cast<size_t>(s.shape[0]));
+        for (int64_t i = 0; i < s.shape[0]; ++i) {
+          group.members.push_back(ExpandTemplate(tmpl, static_cast<size_t>(i)));
+        }
       }
       if (s.shape.empty() || group.members.empty() ||
           static_cast<uint64_t>(s.shape[0]) != group.members.size()) {

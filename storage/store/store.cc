@@ -140,10 +140,15 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   }
   CatalogOptions copts = options.catalog;
   copts.create_if_missing = options.create_if_missing;
+  if (options.create_if_missing) LORADB_RETURN_IF_ERROR(CreateDirectories(dir));
+  // The store lock first: compaction or migration in progress makes this fail (Unavailable).
+  LORADB_ASSIGN_OR_RETURN(StoreLock lock, StoreLock::Acquire(dir, StoreLock::Mode::kShared));
   LORADB_ASSIGN_OR_RETURN(std::shared_ptr<Catalog> catalog, Catalog::Open(dir, copts));
   std::string blob_root = options.blob_root.empty() ? catalog->dir() + "/blobs" : options.blob_root;
   LORADB_RETURN_IF_ERROR(CreateDirectories(blob_root));
-  return std::unique_ptr<Store>(new Store(catalog->dir(), std::move(blob_root), catalog));
+  std::unique_ptr<Store> store(new Store(catalog->dir(), std::move(blob_root), catalog));
+  store->lock_ = std::move(lock);
+  return store;
 }
 
 // ---- bases

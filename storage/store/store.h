@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "storage/catalog/catalog.h"
 #include "storage/formats/tensor.h"
+#include "storage/util/store_lock.h"
 
 namespace loradb {
 
@@ -220,6 +221,8 @@ class Store {
   std::string dir_;
   std::string blob_root_;
   std::shared_ptr<Catalog> catalog_;
+  // Held shared while the Store lives, so offline maintenance (compact, migrate) cannot start.
+  StoreLock lock_;
 };
 
 }  // namespace loradb

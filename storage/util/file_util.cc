@@ -11,6 +11,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "storage/util/fault_injection.h"
+#include "storage/util/status_macros.h"
 
 namespace loradb {
 namespace {
@@ -119,11 +121,16 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view data) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));
   FdCloser closer(fd);
-  absl::Status st = WriteAll(fd, data, tmp);
+  // Fault points (storage/util/fault_injection.h) around each durable step.
+  absl::Status st = FaultPoint("file.write");
+  if (st.ok()) st = WriteAll(fd, data, tmp);
+  if (st.ok()) st = FaultPoint("file.before_fsync");
   if (st.ok() && ::fsync(fd) != 0) st = ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
+  if (st.ok()) st = FaultPoint("file.after_fsync");
   if (st.ok() && ::close(closer.release()) != 0) {
     st = ErrnoToStatus(errno, absl::StrCat("close ", tmp));
   }
+  if (st.ok()) st = FaultPoint("file.before_rename");
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     st = ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", path));
   }
@@ -131,7 +138,9 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view data) {
     ::unlink(tmp.c_str());
     return st;
   }
-  return FsyncDirectory(dir.empty() ? "." : dir);
+  LORADB_RETURN_IF_ERROR(FaultPoint("file.after_rename"));
+  LORADB_RETURN_IF_ERROR(FsyncDirectory(dir.empty() ? "." : dir));
+  return FaultPoint("file.after_dir_fsync");
 }
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {

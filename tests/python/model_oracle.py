@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# loradb-test: args=loradb_cli timeout=600 requires=loradb_compute
 """Oracle test for loradb's Qwen3 model (compute/model) against Hugging Face transformers.
 
 For the tiny dense and MoE configs in compute/configs/: `loradb model init-random` writes a
@@ -175,6 +176,24 @@ def main():
         print(json.dumps({"case": "control (different seed)", "max_rel_err": err}))
         if not err > 100 * FP32_BOUND:
             failures.append(f"negative control: different checkpoints agree ({err:.3g})")
+        # CLI errors: exit 1 with "error: ..." on stderr, nothing half-written.
+        bad_calls = [
+            (["model", "init-random", "--config", cfg, os.path.join(tmp, "x"), "--dtype", "f64"],
+             "dtype"),
+            (["model", "init-random", "--config", os.path.join(tmp, "missing.json"),
+              os.path.join(tmp, "y")], "missing.json"),
+            (["model", "logits", "--model", a, "--prompt-ids", "1,5000"], "vocabulary"),
+            (["model", "logits", "--model", a, "--prompt-ids", "1,x"], "not an integer"),
+            (["model", "logits", "--model", os.path.join(tmp, "nope"), "--prompt-ids", "1"],
+             "nope"),
+        ]
+        for argv, needle in bad_calls:
+            p = subprocess.run([args.cli, *argv], capture_output=True, text=True)
+            if p.returncode != 1 or "error:" not in p.stderr or needle not in p.stderr:
+                failures.append(f"CLI {argv[1]} should fail mentioning {needle!r}: "
+                                f"rc={p.returncode} stderr={p.stderr.strip()[:200]!r}")
+        if os.path.exists(os.path.join(tmp, "x", "model.safetensors")):
+            failures.append("init-random with a bad dtype wrote a checkpoint")
     if failures:
         print("FAIL:\n  " + "\n  ".join(failures))
         return 1

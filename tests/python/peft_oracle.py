@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# loradb-test: args=st_tool timeout=600
 """Oracle test: loradb's PEFT directory reader/writer against Hugging Face PEFT itself.
 
 usage: peft_oracle.py ST_TOOL

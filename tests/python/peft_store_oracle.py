@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# loradb-test: args=loradb_cli timeout=600
 """Oracle test: PEFT adapters through the loradb store and back, checked by Hugging Face PEFT.
 
 usage: peft_store_oracle.py LORADB_CLI

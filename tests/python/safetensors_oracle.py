@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# loradb-test: args=st_tool timeout=300
 """Oracle test: loradb's safetensors reader/writer against the reference `safetensors` package.
 
 usage: safetensors_oracle.py ST_TOOL

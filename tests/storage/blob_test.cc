@@ -163,6 +163,35 @@ TEST(BlobTest, PackedRoundTripKeepsOriginalNamesAsViews) {
   }
 }
 
+TEST(BlobTest, PackedGroupsNameMembersByTemplate) {
+  Tensors t = MoeAdapter(1, 3);
+  // Non-canonical expert numbers ("01") still pack, with the names written out.
+  t.Add("model.layers.5.mlp.experts.0.up_proj.lora_A.weight", DType::kF32, {1, 4}, 1);
+  t.Add("model.layers.5.mlp.experts.01.up_proj.lora_A.weight", DType::kF32, {1, 4}, 2);
+  t.Finish();
+  auto blob = SerializeBlob(t.views, {});
+  ASSERT_TRUE(blob.ok());
+  const auto* h = blob::fb::GetBlobHeader(blob->data() + kBlobPrefixBytes);
+  ASSERT_NE(h->groups(), nullptr);
+  int templated = 0, explicit_names = 0;
+  for (const blob::fb::PackedGroup* g : *h->groups()) {
+    if (g->member_template() != nullptr) {
+      ++templated;
+      EXPECT_EQ(g->members(), nullptr);
+      EXPECT_THAT(g->member_template()->str(), HasSubstr(".experts.{}."));
+    } else {
+      ++explicit_names;
+      ASSERT_NE(g->members(), nullptr);
+      EXPECT_EQ(g->members()->Get(1)->str(), "model.layers.5.mlp.experts.01.up_proj.lora_A.weight");
+    }
+  }
+  EXPECT_EQ(templated, 6);
+  EXPECT_EQ(explicit_names, 1);
+  auto set = ParseBlob(Bytes(*blob), nullptr, true);
+  ASSERT_TRUE(set.ok()) << set.status();
+  ExpectSameTensors(t.views, *set);
+}
+
 TEST(BlobTest, UnpackedWhenDisabled) {
   Tensors t = MoeAdapter(1, 3);
   t.Finish();
@@ -323,7 +352,7 @@ struct Spec {
 std::string BuildCraftedHeader(
     const std::vector<Spec>& specs,
     const std::vector<std::pair<uint32_t, std::vector<std::string>>>& groups, uint32_t axis,
-    uint64_t data_start, uint64_t file_size) {
+    uint64_t data_start, uint64_t file_size, const std::string& member_template = "") {
   flatbuffers::FlatBufferBuilder b;
   b.ForceDefaults(true);
   std::vector<flatbuffers::Offset<blob::fb::StoredTensor>> ts;
@@ -337,7 +366,9 @@ std::string BuildCraftedHeader(
   for (const auto& [idx, members] : groups) {
     std::vector<flatbuffers::Offset<flatbuffers::String>> ms;
     for (const auto& m : members) ms.push_back(b.CreateString(m));
-    gs.push_back(blob::fb::CreatePackedGroup(b, idx, axis, b.CreateVector(ms)));
+    auto mv = ms.empty() ? 0 : b.CreateVector(ms);
+    auto tv = member_template.empty() ? 0 : b.CreateString(member_template);
+    gs.push_back(blob::fb::CreatePackedGroup(b, idx, axis, mv, tv));
   }
   auto tv = b.CreateVector(ts);
   auto gv = b.CreateVector(gs);
@@ -350,14 +381,16 @@ std::string BuildCraftedHeader(
 // file_size field.
 std::string Craft(const std::vector<Spec>& specs,
                   const std::vector<std::pair<uint32_t, std::vector<std::string>>>& groups,
-                  uint64_t data_bytes, int64_t file_size_delta = 0, uint32_t axis = 0) {
+                  uint64_t data_bytes, int64_t file_size_delta = 0, uint32_t axis = 0,
+                  const std::string& member_template = "") {
   // ForceDefaults makes the header size independent of the values: build once to learn it.
-  const uint64_t header_len = BuildCraftedHeader(specs, groups, axis, 0, 0).size();
+  const uint64_t header_len = BuildCraftedHeader(specs, groups, axis, 0, 0, member_template).size();
   const uint64_t header_end = kBlobPrefixBytes + header_len + 8;
   const uint64_t data_start = (header_end + 4095) / 4096 * 4096;
   const uint64_t file_size = data_start + data_bytes;
-  std::string header = BuildCraftedHeader(specs, groups, axis, data_start,
-                                          file_size + static_cast<uint64_t>(file_size_delta));
+  std::string header =
+      BuildCraftedHeader(specs, groups, axis, data_start,
+                         file_size + static_cast<uint64_t>(file_size_delta), member_template);
   EXPECT_EQ(header.size(), header_len);
   std::string out(file_size, '\0');
   std::memcpy(out.data(), kBlobMagic, 8);
@@ -461,6 +494,24 @@ TEST(BlobRejectTest, NamesNotUtf8) {
   ExpectRejected(Craft({{"p", {2, 2}, 0, 16}}, {{0, {"m0", "m\xc3"}}}, 64), "not valid UTF-8");
 }
 
+TEST(BlobRejectTest, BadMemberTemplates) {
+  std::string ok = Craft({{"p", {3, 2}, 0, 24}}, {{0, {}}}, 64, 0, 0, "e.{}.w");
+  auto set = ParseBlob(Bytes(ok), nullptr, true);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_NE(set->Find("e.2.w"), nullptr);
+  ExpectRejected(Craft({{"p", {3, 2}, 0, 24}}, {{0, {}}}, 64, 0, 0, "e.w"), "exactly one \"{}\"");
+  ExpectRejected(Craft({{"p", {3, 2}, 0, 24}}, {{0, {}}}, 64, 0, 0, "{}.{}"), "exactly one \"{}\"");
+  ExpectRejected(Craft({{"p", {2, 2}, 0, 16}}, {{0, {"a", "b"}}}, 64, 0, 0, "e.{}"),
+                 "exactly one of members and member_template");
+  ExpectRejected(Craft({{"p", {2, 2}, 0, 16}}, {{0, {}}}, 64), "exactly one of members");
+  // A template may not ask for millions of names over an empty tensor.
+  ExpectRejected(Craft({{"p", {1 << 21, 0}, 0, 0}}, {{0, {}}}, 64, 0, 0, "e.{}"),
+                 "template members");
+  // Expanded names must not collide with other names.
+  ExpectRejected(Craft({{"e.0", {2}, 0, 8}, {"p", {2, 2}, 64, 16}}, {{1, {}}}, 128, 0, 0, "e.{}"),
+                 "member name \"e.0\"");
+}
+
 TEST(BlobRejectTest, FileSizeFieldDisagrees) {
   ExpectRejected(Craft({{"a", {4}, 0, 16}}, {}, 64, +1), "(truncated)");
   ExpectRejected(Craft({{"a", {4}, 0, 16}}, {}, 64, -1), "(trailing bytes)");
@@ -472,6 +523,19 @@ TEST(BlobRejectTest, TensorChecksumMismatch) {
   ExpectRejected(blob, "checksum mismatch (header says", /*verify=*/true,
                  absl::StatusCode::kDataLoss);
   EXPECT_TRUE(ParseBlob(Bytes(blob), nullptr, /*verify_checksums=*/false).ok());
+}
+
+// Found by fuzz_blob_header under UBSan (after the misaligned-shape fix below): a scalar tensor
+// (empty shape) made the reader memcpy into a null vector buffer.
+TEST(BlobRegressionTest, FuzzScalarTensorEmptyShape) {
+  double v = 2.5;
+  std::vector<TensorView> views = {
+      {"scalar", DType::kF64, {}, reinterpret_cast<const std::byte*>(&v), 8}};
+  auto blob = SerializeBlob(views, {});
+  ASSERT_TRUE(blob.ok());
+  auto set = ParseBlob(Bytes(*blob), nullptr, true);
+  ASSERT_TRUE(set.ok()) << set.status();
+  ExpectSameTensors(views, *set);
 }
 
 // Found by fuzz_blob_header under UBSan: a header whose int64 shape vector sits at a 4 (mod 8)
