@@ -3,6 +3,7 @@
 #define LORADB_TESTS_COMPUTE_TRAINER_TEST_UTIL_H_
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -20,6 +21,9 @@ namespace loradb::testing {
 inline const model::Qwen3Model& TinyTrainerModel() {
   static TempDir* dir = new TempDir();
   static std::unique_ptr<model::Qwen3Model> m = [] {
+    // One intra-op thread: the tiny model's ops are too small to gain from more, and it keeps
+    // losses reproducible regardless of the machine's core count.
+    at::set_num_threads(1);
     auto config =
         ReadModelConfig(std::string(LORADB_SOURCE_DIR) + "/compute/configs/tiny-dense.json");
     EXPECT_TRUE(config.ok()) << config.status();

@@ -1,0 +1,112 @@
+#include "compute/trainer/train_tools.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "compute/model/qwen3_model.h"
+#include "compute/trainer/checkpoint.h"
+#include "compute/trainer/tasks.h"
+#include "storage/util/status_macros.h"
+
+namespace loradb::trainer {
+
+absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
+  if (o.policy.empty()) return absl::InvalidArgumentError("--policy is required");
+  if (o.steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  auto say = [&](const std::string& line) {
+    if (o.progress) o.progress(line);
+  };
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<model::Qwen3Model> model,
+                          model::Qwen3Model::Load(o.model_dir));
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Task> task,
+                          MakeTask(o.task, model->config().vocab_size, o.seed));
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(o.store_dir));
+  const std::string base =
+      o.base_name.empty()
+          ? std::filesystem::path(o.model_dir).lexically_normal().filename().string()
+          : o.base_name;
+  LORADB_RETURN_IF_ERROR(
+      EnsurePolicy(store.get(), base.empty() ? "base" : base, o.model_dir, o.policy));
+
+  PolicyOptions po;
+  po.name = o.policy;
+  po.seed = o.seed;
+  po.lora.rank = o.rank;
+  po.lora.alpha = o.alpha;
+  po.lora.use_rslora = o.rslora;
+  LORADB_ASSIGN_OR_RETURN(po.schedule.kind, ParseScheduleKind(o.schedule));
+  po.schedule.lr = o.lr;
+  po.schedule.warmup_steps = o.warmup_steps;
+  po.schedule.total_steps = o.steps;
+  Trainer trainer(model.get());
+  LORADB_ASSIGN_OR_RETURN(int p, trainer.AddPolicy(po));
+
+  TrainRunResult result;
+  uint64_t parent = 0;
+  if (o.resume) {
+    auto latest = LatestCheckpoint(*store, o.policy);
+    if (latest.ok()) {
+      LORADB_RETURN_IF_ERROR(LoadCheckpoint(*store, &trainer, p, latest->id));
+      parent = latest->id;
+      say(absl::StrCat("resumed from checkpoint ", latest->id, " at step ", trainer.step(p)));
+    } else if (latest.status().code() != absl::StatusCode::kNotFound) {
+      return latest.status();
+    }
+  }
+  result.start_step = trainer.step(p);
+  LORADB_ASSIGN_OR_RETURN(TaskScore before, task->Evaluate(&trainer, p));
+  result.start_score = before.score;
+  say(absl::StrFormat("task %s: score %.4f at step %d", task->name(), before.score,
+                      result.start_step));
+
+  StepConfig sc;
+  sc.batch_size = o.batch_size;
+  sc.micro_batches = o.micro_batches;
+  sc.grpo_prompts = o.grpo_prompts;
+  sc.grpo_group = o.grpo_group;
+  std::string rollouts;
+  while (trainer.step(p) < o.steps) {
+    sc.force_sft = task->loss() == LossKind::kGrpo && trainer.step(p) < o.warm_start_steps;
+    LORADB_ASSIGN_OR_RETURN(std::vector<StepReport> r, TrainStep(&trainer, {{p, task.get()}}, sc));
+    const StepReport& s = r[0];
+    result.last_loss = s.loss;
+    rollouts = s.rollouts;
+    std::string line = absl::StrFormat("step %d/%d %s loss %.5f lr %.2e grad_norm %.3f", s.step,
+                                       o.steps, sc.force_sft ? "sft" : LossKindName(task->loss()),
+                                       s.loss, s.lr, s.grad_norm);
+    if (!sc.force_sft && task->loss() == LossKind::kGrpo) {
+      absl::StrAppend(&line, absl::StrFormat(" reward %.4f", s.mean_reward));
+    } else if (task->loss() == LossKind::kDpo) {
+      absl::StrAppend(&line, absl::StrFormat(" margin %.4f", s.metric));
+    } else {
+      absl::StrAppend(&line, absl::StrFormat(" acc %.3f", s.accuracy));
+    }
+    say(line);
+    if (o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0 && s.step < o.steps) {
+      LORADB_ASSIGN_OR_RETURN(CheckpointRecord ck,
+                              SaveCheckpoint(store.get(), trainer, p, parent, rollouts));
+      parent = ck.id;
+      say(absl::StrCat("checkpoint ", ck.id, " at step ", ck.step));
+    }
+  }
+  result.end_step = trainer.step(p);
+  LORADB_ASSIGN_OR_RETURN(CheckpointRecord ck,
+                          SaveCheckpoint(store.get(), trainer, p, parent, rollouts));
+  result.checkpoint_id = ck.id;
+  say(absl::StrCat("checkpoint ", ck.id, " at step ", ck.step));
+  LORADB_ASSIGN_OR_RETURN(TaskScore after, task->Evaluate(&trainer, p));
+  result.end_score = after.score;
+  say(absl::StrFormat("task %s: score %.4f at step %d", task->name(), after.score,
+                      result.end_step));
+  if (o.publish) {
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord rev,
+                            PublishForSampling(store.get(), trainer, p, ck.id, o.alias));
+    result.revision_id = rev.id;
+    say(absl::StrCat("published revision ", rev.id, " (", o.policy, "@", rev.seq, "), ", o.alias,
+                     " -> ", rev.id));
+  }
+  return result;
+}
+
+}  // namespace loradb::trainer

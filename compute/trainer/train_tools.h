@@ -1,0 +1,58 @@
+// Torch-free entry point to the trainer for the `loradb train` command and scripts: trains one
+// policy on a toy task with checkpoints in a store, resuming from the policy's latest
+// checkpoint, and publishes the result as a revision. Exposes no LibTorch types.
+#ifndef LORADB_COMPUTE_TRAINER_TRAIN_TOOLS_H_
+#define LORADB_COMPUTE_TRAINER_TRAIN_TOOLS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace loradb::trainer {
+
+struct TrainRunOptions {
+  std::string model_dir;  // HF checkpoint directory of the base
+  std::string store_dir;  // the store (created if missing)
+  std::string base_name;  // base name in the store; default: the model dir's name
+  std::string policy;     // policy name (created on the base if missing)
+  std::string task;       // mapping | preference | arithmetic
+  int64_t steps = 100;    // train until the policy's optimizer step reaches this
+  int64_t rank = 8;
+  double alpha = 16;
+  bool rslora = false;
+  double lr = 5e-3;
+  std::string schedule = "constant";  // constant | cosine
+  int64_t warmup_steps = 0;
+  uint64_t seed = 0;
+  int64_t batch_size = 32;
+  int64_t micro_batches = 1;
+  int64_t grpo_prompts = 8;
+  int64_t grpo_group = 8;
+  // GRPO only: SFT steps first when the policy starts from scratch (a random base never earns
+  // reward on arithmetic).
+  int64_t warm_start_steps = 0;
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  bool resume = true;            // continue from the latest checkpoint when there is one
+  bool publish = true;           // publish a revision and move `alias` at the end
+  std::string alias = "latest";
+  // Called with one line per step and per event.
+  std::function<void(const std::string&)> progress;
+};
+
+struct TrainRunResult {
+  int64_t start_step = 0;  // the step training resumed at (0 for a fresh policy)
+  int64_t end_step = 0;
+  double start_score = 0;  // the task's score before and after (TaskScore::score)
+  double end_score = 0;
+  double last_loss = 0;
+  uint64_t checkpoint_id = 0;
+  uint64_t revision_id = 0;
+};
+
+[[nodiscard]] absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& options);
+
+}  // namespace loradb::trainer
+
+#endif  // LORADB_COMPUTE_TRAINER_TRAIN_TOOLS_H_
