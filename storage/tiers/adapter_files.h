@@ -18,13 +18,15 @@ namespace loradb::tiers {
 enum class AdapterFileKind {
   kSafetensors,  // one .safetensors file
   kPeftDir,      // a PEFT directory: adapter_config.json + adapter_model.safetensors
+  kBlob,         // a loradb packed blob, every original tensor name as a view
+  kBlobStored,   // a loradb packed blob as stored: MoE expert groups as one 3-D tensor each
 };
 
-// Reads and parses the adapter at `path`. `content_hash` (xxh3-128 of the safetensors file) is
-// verified when given. The entry is charged the loaded buffer's capacity. For a PEFT directory
-// the raw adapter_config.json text is kept in the metadata under "peft.adapter_config" (with
-// the file's own __metadata__). Errors name the path: NotFound, DataLoss (hash mismatch),
-// InvalidArgument (malformed file).
+// Reads and parses the adapter at `path`. `content_hash` (xxh3-128 of the whole file) is
+// verified when given; a blob read without it has every stored tensor's xxh3-64 checked. The entry
+// is charged the loaded buffer's capacity. For a PEFT directory the raw adapter_config.json text is
+// kept in the metadata under "peft.adapter_config" (with the file's own __metadata__). Errors name
+// the path: NotFound, DataLoss (hash mismatch), InvalidArgument (malformed file).
 [[nodiscard]] absl::StatusOr<std::shared_ptr<const CachedAdapter>> LoadAdapterFile(
     Loader& loader, const std::string& path, AdapterFileKind kind,
     const std::optional<Hash128>& content_hash = std::nullopt);

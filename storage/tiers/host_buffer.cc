@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -30,11 +31,21 @@ bool CudaDeviceAvailable() {
 
 namespace {
 
-// Buffers from this size up are mapped directly, backed by transparent huge pages where the
-// kernel allows (madvise mode) and populated up front: a cold burst otherwise spends much of
-// its time in one page fault per 4 KiB of adapter.
+// Buffers from this size up are mapped directly and populated up front (MADV_POPULATE_WRITE):
+// a cold burst otherwise spends much of its time in one page fault per 4 KiB of adapter.
 constexpr uint64_t kMapThreshold = uint64_t{4} << 20;
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
+
+// LORADB_HOST_HUGEPAGES=1 adds MADV_HUGEPAGE. Off by default: in the cold-burst bench (64 x
+// 63 MiB) huge pages doubled the total time and stretched p95 from 6 s to 12.6 s (direct
+// compaction stalls under memory pressure), though a single load got faster.
+bool HugePagesWanted() {
+  static const bool wanted = [] {
+    const char* v = std::getenv("LORADB_HOST_HUGEPAGES");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return wanted;
+}
 
 }  // namespace
 
@@ -46,7 +57,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t size, 
     capacity = AlignUp(capacity, kHugePage);
     void* m = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m != MAP_FAILED) {
-      (void)::madvise(m, capacity, MADV_HUGEPAGE);
+      if (HugePagesWanted()) (void)::madvise(m, capacity, MADV_HUGEPAGE);
 #if defined(MADV_POPULATE_WRITE)
       (void)::madvise(m, capacity, MADV_POPULATE_WRITE);
 #endif

@@ -22,8 +22,8 @@ inline constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
   return (n + alignment - 1) & ~(alignment - 1);
 }
 
-// An owned, page-aligned allocation (large ones mmap'ed, huge-page backed where allowed, and
-// populated at allocation). Not copyable.
+// An owned, page-aligned allocation (large ones mmap'ed and populated at allocation; huge
+// pages only with LORADB_HOST_HUGEPAGES=1). Not copyable.
 class HostBuffer {
  public:
   // Allocates `size` bytes (capacity rounded up to kHostAlignment). With `pin`, tries

@@ -1,0 +1,103 @@
+#include "storage/tiers/store_tiers.h"
+
+#include "absl/strings/str_cat.h"
+#include "storage/formats/blob.h"
+#include "storage/util/status_macros.h"
+
+namespace loradb::tiers {
+
+absl::StatusOr<std::unique_ptr<StoreTiers>> StoreTiers::Open(Store* store,
+                                                             StoreTiersOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("StoreTiers needs a store");
+  std::unique_ptr<StoreTiers> t(new StoreTiers());
+  t->store_ = store;
+  LORADB_ASSIGN_OR_RETURN(t->loader_, Loader::Create(options.loader));
+  StoreTiers* self = t.get();
+  LORADB_ASSIGN_OR_RETURN(t->cpu_, CpuCache::Create(options.cpu, [self](uint64_t id) {
+                            return self->LoadRevision(id);
+                          }));
+  std::unique_ptr<DeviceBackend> backend;
+  switch (options.device) {
+    case DeviceKind::kNone:
+      break;
+    case DeviceKind::kHost:
+      backend = MakeHostBackend();
+      break;
+    case DeviceKind::kCuda: {
+      LORADB_ASSIGN_OR_RETURN(backend, MakeCudaBackend(0));
+      break;
+    }
+    case DeviceKind::kAuto: {
+      auto cuda = MakeCudaBackend(0);
+      backend = cuda.ok() ? std::move(*cuda) : MakeHostBackend();
+      break;
+    }
+  }
+  if (backend != nullptr) {
+    LORADB_ASSIGN_OR_RETURN(t->device_,
+                            DeviceSlots::Create(options.slots, t->cpu_.get(), std::move(backend)));
+  }
+  return t;
+}
+
+absl::StatusOr<std::shared_ptr<const CachedAdapter>> StoreTiers::LoadRevision(uint64_t id) {
+  LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, store_->GetRevision(id));
+  if (rev.state != RevisionState::kLive) {
+    return absl::NotFoundError(absl::StrCat("revision ", id, " is not live"));
+  }
+  const std::string path = store_->BlobPath(rev.blob.hash);
+  LORADB_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buf, loader_->ReadFile(path, rev.blob.hash));
+  if (buf->size() != rev.blob.bytes) {
+    return absl::DataLossError(absl::StrCat("blob ", path, " has ", buf->size(),
+                                            " bytes, the catalog records ", rev.blob.bytes));
+  }
+  // The whole-file xxh3-128 checked by the loader covers every byte; no per-tensor pass.
+  absl::StatusOr<TensorSet> set = ParseBlob(
+      buf->bytes(), std::shared_ptr<const void>(buf, buf.get()), /*verify_checksums=*/false);
+  if (!set.ok()) {
+    return absl::Status(set.status().code(),
+                        absl::StrCat("blob ", path, ": ", set.status().message()));
+  }
+  auto adapter = std::make_shared<CachedAdapter>();
+  adapter->tensors = *std::move(set);
+  auto& md = adapter->tensors.metadata();
+  md["lora.r"] = absl::StrCat(rev.lora.r);
+  md["lora.alpha"] = absl::StrCat(rev.lora.alpha);
+  md["lora.use_rslora"] = rev.lora.use_rslora ? "true" : "false";
+  adapter->bytes = buf->capacity();
+  return adapter;
+}
+
+absl::StatusOr<CpuLease> StoreTiers::AcquireCpu(uint64_t id, LoadPriority priority) {
+  return cpu_->Acquire(id, priority);
+}
+
+TierPlace StoreTiers::Where(uint64_t revision) const {
+  TierPlace p;
+  CpuResidency c = cpu_->Find(revision);
+  if (c.state == CpuResidency::State::kResident) {
+    p.tier = Tier::kCpu;
+    p.cpu_leases = c.leases;
+  }
+  if (device_ != nullptr) {
+    DeviceResidency d = device_->Find(revision);
+    if (d.resident) {
+      p.tier = Tier::kGpu;
+      p.slot = d.slot;
+      p.device_leases = d.leases;
+    }
+  }
+  return p;
+}
+
+absl::StatusOr<TieredLocated> StoreTiers::Locate(const std::string& policy,
+                                                 const std::string& alias) const {
+  TieredLocated out;
+  LORADB_ASSIGN_OR_RETURN(out.located, store_->Locate(policy, alias));
+  TierPlace p = Where(out.located.revision.id);
+  out.located.location.tier = p.tier;
+  out.slot = p.slot;
+  return out;
+}
+
+}  // namespace loradb::tiers

@@ -1,0 +1,143 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "storage/tiers/store_tiers.h"
+#include "tests/test_util.h"
+
+namespace loradb::tiers {
+namespace {
+
+using ::loradb::testing::TempDir;
+
+// Owns float buffers and hands out PEFT-named views (q_proj: in 8, out 16).
+struct Adapter {
+  std::vector<std::unique_ptr<std::vector<float>>> bufs;
+  std::vector<TensorView> views;
+  void Add(bool b, int64_t d0, int64_t d1, float seed) {
+    auto buf = std::make_unique<std::vector<float>>(static_cast<size_t>(d0 * d1));
+    for (size_t i = 0; i < buf->size(); ++i) (*buf)[i] = seed + static_cast<float>(i);
+    TensorView v;
+    v.name = absl::StrCat("base_model.model.model.layers.0.self_attn.q_proj",
+                          b ? ".lora_B.weight" : ".lora_A.weight");
+    v.dtype = DType::kF32;
+    v.shape = {d0, d1};
+    v.data = reinterpret_cast<const std::byte*>(buf->data());
+    v.nbytes = buf->size() * sizeof(float);
+    views.push_back(v);
+    bufs.push_back(std::move(buf));
+  }
+};
+
+class StoreTiersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = Store::Open(dir_.file("store"));
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    ASSERT_TRUE(store_
+                    ->AddBaseFromModuleTable(
+                        "tiny", R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8,
+                                                 "out": 16}]})")
+                    .ok());
+    ASSERT_TRUE(store_->CreatePolicy("acme/support", "tiny").ok());
+  }
+  uint64_t Publish(int64_t r, float seed, const std::string& alias) {
+    Adapter a;
+    a.Add(false, r, 8, seed);
+    a.Add(true, 16, r, seed + 100);
+    PublishOptions o;
+    o.alias = alias;
+    o.lora.alpha = 2.0f * static_cast<float>(r);
+    auto rev = store_->PublishTensors("acme/support", a.views, o);
+    EXPECT_TRUE(rev.ok()) << rev.status();
+    return rev.ok() ? rev->id : 0;
+  }
+  TempDir dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(StoreTiersTest, LocateFollowsTheBytesThroughTheTiers) {
+  uint64_t id = Publish(4, 1.0f, "serving");
+  StoreTiersOptions o;
+  o.device = DeviceKind::kHost;
+  o.slots.arena_bytes = 1 << 20;
+  o.slots.page_bytes = 4096;
+  auto tiers = StoreTiers::Open(store_.get(), o);
+  ASSERT_TRUE(tiers.ok()) << tiers.status();
+
+  auto loc = (*tiers)->Locate("acme/support", "serving");
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->located.revision.id, id);
+  EXPECT_EQ(loc->located.location.tier, Tier::kStorage);
+  EXPECT_FALSE(loc->slot.has_value());
+
+  {
+    auto lease = (*tiers)->AcquireCpu(id);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    const TensorView* a =
+        lease->tensors().Find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->shape, (std::vector<int64_t>{4, 8}));
+    float first;
+    std::memcpy(&first, a->data, sizeof(first));
+    EXPECT_EQ(first, 1.0f);
+    EXPECT_EQ(lease->tensors().metadata().at("lora.r"), "4");
+    EXPECT_EQ(lease->tensors().metadata().at("lora.alpha"), "8");
+  }
+  loc = (*tiers)->Locate("acme/support", "serving");
+  EXPECT_EQ(loc->located.location.tier, Tier::kCpu);
+
+  {
+    auto batch = (*tiers)->device()->AcquireBatch(std::vector<uint64_t>{id});
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    const DeviceAdapter* d = batch->Find(id);
+    ASSERT_NE(d, nullptr);
+    EXPECT_EQ(d->metadata.at("lora.alpha"), "8");
+    loc = (*tiers)->Locate("acme/support", "serving");
+    EXPECT_EQ(loc->located.location.tier, Tier::kGpu);
+    ASSERT_TRUE(loc->slot.has_value());
+    EXPECT_EQ(*loc->slot, d->slot);
+    EXPECT_EQ((*tiers)->Where(id).device_leases, 1);
+  }
+  EXPECT_EQ((*tiers)->Where(id).device_leases, 0);
+}
+
+TEST_F(StoreTiersTest, CorruptBlobIsDetectedAndRemembered) {
+  uint64_t id = Publish(2, 5.0f, "serving");
+  auto rev = store_->GetRevision(id);
+  ASSERT_TRUE(rev.ok());
+  std::string path = store_->BlobPath(rev->blob.hash);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  StoreTiersOptions o;
+  o.device = DeviceKind::kNone;
+  auto tiers = StoreTiers::Open(store_.get(), o);
+  ASSERT_TRUE(tiers.ok());
+  auto lease = (*tiers)->AcquireCpu(id);
+  ASSERT_EQ(lease.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(lease.status().message().find(rev->blob.hash.Hex()), absl::string_view::npos);
+  EXPECT_EQ((*tiers)->loader().stats().checksum_failures, 1u);
+  // Remembered: the second request fails fast without reading again.
+  EXPECT_EQ((*tiers)->AcquireCpu(id).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ((*tiers)->loader().stats().checksum_failures, 1u);
+  EXPECT_EQ((*tiers)->cpu().stats().negative_hits, 1u);
+  EXPECT_EQ((*tiers)->device(), nullptr);
+  EXPECT_EQ((*tiers)->AcquireCpu(999).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(StoreTiersTest, CudaRequestedWithoutADeviceIsUnavailable) {
+  StoreTiersOptions o;
+  o.device = DeviceKind::kCuda;
+  auto tiers = StoreTiers::Open(store_.get(), o);
+  if (tiers.ok()) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_EQ(tiers.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace loradb::tiers
