@@ -104,7 +104,23 @@ at::Tensor KernelLoraApplier::Apply(const at::Tensor& x, const at::Tensor& y, in
   table.max_rank = max_rank;
   const kernels::ConstRows xr{xc.data_ptr(), *dtype, xc.size(1)};
   const kernels::OutputRows yr{out.data_ptr(), *dtype, out.size(1), 0};
-  const kernels::RowMapping m = kernels::RowMapping::Bgmv(x.size(0), row_slot.data_ptr<int32_t>());
+  // Prefill-shaped batches (runs of rows sharing an adapter, average run >= 2 rows) go through
+  // SGMV segments; decode-shaped ones (about one row per sequence) through BGMV.
+  const int32_t* rs = row_slot.data_ptr<int32_t>();
+  const int64_t n = x.size(0);
+  std::vector<int32_t> seg_starts, seg_adapter;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || rs[i] != rs[i - 1]) {
+      seg_starts.push_back(static_cast<int32_t>(i));
+      seg_adapter.push_back(rs[i]);
+    }
+  }
+  seg_starts.push_back(static_cast<int32_t>(n));
+  const auto num_segments = static_cast<int64_t>(seg_adapter.size());
+  const bool sgmv = 2 * num_segments <= n;
+  const kernels::RowMapping m =
+      sgmv ? kernels::RowMapping::Sgmv(n, num_segments, seg_starts.data(), seg_adapter.data())
+           : kernels::RowMapping::Bgmv(n, rs);
   kernels::KernelStatus st = kernels::cpu::ShrinkExpand(xr, table, m, yr, ctx_.get());
   if (!st.ok()) {
     // The argument checks failed (nothing was written): the reference path still gives the
@@ -115,6 +131,7 @@ at::Tensor KernelLoraApplier::Apply(const at::Tensor& x, const at::Tensor& y, in
     return fallback_.Apply(x, y, layer, target, expert, rows, batch, groups);
   }
   ++kernel_calls_;
+  if (sgmv) ++sgmv_calls_;
   return out;
 }
 

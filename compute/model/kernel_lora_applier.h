@@ -1,8 +1,9 @@
 // A LoraApplier backed by the multi-LoRA kernels (kernels/lora_kernels.h): BGMV over the batch's
-// per-row adapter slots with the fast CPU path, adding the deltas into the projection output in
-// place. It falls back to the torch reference (TorchLoraApplier) where the kernels do not apply:
-// tensors not on the CPU, dtypes other than f32/bf16/f16, or when autograd must see the delta
-// (grad mode on and x or a factor requires grad, as in training).
+// per-row adapter slots (SGMV segments when rows come in runs, as in prefill) with the fast CPU
+// path, adding the deltas into the projection output in place. It falls back to the torch
+// reference (TorchLoraApplier) where the kernels do not apply: tensors not on the CPU, dtypes
+// other than f32/bf16/f16, or when autograd must see the delta (grad mode on and x or a factor
+// requires grad, as in training).
 #ifndef LORADB_COMPUTE_MODEL_KERNEL_LORA_APPLIER_H_
 #define LORADB_COMPUTE_MODEL_KERNEL_LORA_APPLIER_H_
 
@@ -28,12 +29,15 @@ class KernelLoraApplier final : public LoraApplier {
   // Calls served by the kernels and by the torch fallback (for tests and stats).
   int64_t kernel_calls() const { return kernel_calls_; }
   int64_t fallback_calls() const { return fallback_calls_; }
+  // Kernel calls that used SGMV segments (prefill-shaped batches) rather than BGMV.
+  int64_t sgmv_calls() const { return sgmv_calls_; }
 
  private:
   std::unique_ptr<kernels::cpu::CpuContext> ctx_;
   TorchLoraApplier fallback_;
   mutable int64_t kernel_calls_ = 0;
   mutable int64_t fallback_calls_ = 0;
+  mutable int64_t sgmv_calls_ = 0;
 };
 
 }  // namespace loradb::model

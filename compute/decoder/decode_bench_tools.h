@@ -1,0 +1,65 @@
+// Torch-free harness for `loradb-bench decode`: a random base checkpoint, a store holding
+// `max_adapters` random adapters (policies p0.. with alias prod), and two ways to serve a batch
+// of requests over them: the store-backed multi-LoRA Decoder (one lease per step, kernels' BGMV
+// applier), and the "merge" path a user would otherwise take (per adapter: copy the base, merge
+// W += scale B A, serve that adapter's requests on the merged copy).
+#ifndef LORADB_COMPUTE_DECODER_DECODE_BENCH_TOOLS_H_
+#define LORADB_COMPUTE_DECODER_DECODE_BENCH_TOOLS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace loradb::decoder {
+
+struct DecodeBenchRun {
+  int64_t decode_tokens = 0;
+  double decode_seconds = 0;   // decode steps only (after every prompt was prefilled)
+  double prefill_seconds = 0;  // first steps: prefill, incl. cold adapter loads into the tiers
+  double merge_seconds = 0;    // merge path: copying the base and merging adapters
+  double decode_tokens_per_s() const {
+    return decode_seconds > 0 ? static_cast<double>(decode_tokens) / decode_seconds : 0;
+  }
+  // Tokens per second including merge time (the merge path's real cost).
+  double end_to_end_tokens_per_s() const {
+    const double t = decode_seconds + merge_seconds;
+    return t > 0 ? static_cast<double>(decode_tokens) / t : 0;
+  }
+  int64_t steps = 0;
+  int64_t deferrals = 0;
+  int64_t adapter_builds = 0;
+};
+
+class DecodeBenchHarness {
+ public:
+  // Writes a random checkpoint for `config_path` into `work_dir`/model, creates a store in
+  // `work_dir`/store and publishes `max_adapters` random rank-`rank` adapters (every
+  // q/k/v/o/gate/up/down, fp32). `lora_threads`: threads of the kernels' CPU context (decode
+  // calls are small: one thread avoids wake-ups on a loaded machine).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DecodeBenchHarness>> Create(
+      const std::string& config_path, const std::string& work_dir, int64_t max_adapters,
+      int64_t rank, int lora_threads = 1);
+  ~DecodeBenchHarness();
+
+  int64_t num_parameters() const;
+  uint64_t adapter_bytes() const;
+
+  // `batch` requests with random `prompt_len`-token prompts, greedy, `steps` decode steps after
+  // the prefill; request i uses adapter i % distinct (distinct 0: base only).
+  [[nodiscard]] absl::StatusOr<DecodeBenchRun> RunDecoder(int64_t batch, int64_t distinct,
+                                                          int64_t prompt_len, int64_t steps);
+  // The same requests served by the merge path, grouped per adapter.
+  [[nodiscard]] absl::StatusOr<DecodeBenchRun> RunMerged(int64_t batch, int64_t distinct,
+                                                         int64_t prompt_len, int64_t steps);
+
+ private:
+  struct State;
+  explicit DecodeBenchHarness(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace loradb::decoder
+
+#endif  // LORADB_COMPUTE_DECODER_DECODE_BENCH_TOOLS_H_

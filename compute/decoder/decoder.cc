@@ -1,0 +1,591 @@
+#include "compute/decoder/decoder.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "storage/formats/peft.h"
+#include "storage/util/status_macros.h"
+
+namespace loradb::decoder {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+struct Decoder::Sequence {
+  uint64_t id = 0;
+  uint64_t revision = 0;
+  GenerateRequest request;
+  std::mt19937_64 rng;
+  model::KvCache::SeqId cache_seq = -1;
+  bool prefilled = false;
+  GenerateResult result;
+};
+
+struct Decoder::BuiltAdapter {
+  const tiers::DeviceAdapter* device = nullptr;
+  model::LoraAdapter adapter;
+};
+
+namespace {
+
+absl::StatusOr<at::ScalarType> ToScalarType(DType dtype, const std::string& name) {
+  switch (dtype) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kF16:
+      return at::kHalf;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("adapter tensor ", name, " has a non-float dtype"));
+  }
+}
+
+// The PEFT config equivalent of a revision's LoRA settings (what decides each module's scale).
+peft::LoraConfig ToPeftConfig(const LoraSettings& s) {
+  peft::LoraConfig c;
+  c.r = s.r;
+  c.lora_alpha = s.alpha;
+  c.use_rslora = s.use_rslora;
+  for (const auto& m : s.modules) {
+    if (m.r != 0) c.rank_pattern.emplace_back(m.pattern, m.r);
+    if (m.has_alpha) c.alpha_pattern.emplace_back(m.pattern, m.alpha);
+  }
+  c.target_modules = s.target_modules;
+  return c;
+}
+
+}  // namespace
+
+Decoder::Decoder(const model::Qwen3Model* model, Store* store, DecoderOptions options)
+    : model_(model), store_(store), options_(std::move(options)), cache_(model->NewKvCache()) {}
+
+Decoder::~Decoder() {
+  built_.clear();
+  prev_lease_.Release();
+}
+
+absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const model::Qwen3Model* model,
+                                                         Store* store, DecoderOptions options,
+                                                         tiers::DeviceSlots* slots) {
+  if (model == nullptr) return absl::InvalidArgumentError("decoder: no model");
+  if (options.max_running < 1 || options.max_prefill_tokens < 1) {
+    return absl::InvalidArgumentError("decoder: max_running and max_prefill_tokens must be >= 1");
+  }
+  std::unique_ptr<Decoder> d(new Decoder(model, store, options));
+  if (slots != nullptr) {
+    d->slots_ = slots;
+  } else if (store != nullptr) {
+    tiers::CpuCacheOptions co;
+    co.budget_bytes = options.cpu_cache_bytes;
+    tiers::AdapterLoadFn load =
+        [store](uint64_t revision) -> absl::StatusOr<std::shared_ptr<const tiers::CachedAdapter>> {
+      LORADB_ASSIGN_OR_RETURN(RevisionRecord rec, store->GetRevision(revision));
+      LORADB_ASSIGN_OR_RETURN(TensorSet set, store->ReadTensors(rec));
+      auto entry = std::make_shared<tiers::CachedAdapter>();
+      uint64_t bytes = 0;
+      for (const TensorView& t : set.tensors()) bytes += t.nbytes;
+      entry->tensors = std::move(set);
+      entry->bytes = std::max<uint64_t>(bytes, 1);
+      return std::shared_ptr<const tiers::CachedAdapter>(std::move(entry));
+    };
+    LORADB_ASSIGN_OR_RETURN(d->own_cache_, tiers::CpuCache::Create(co, std::move(load)));
+    LORADB_ASSIGN_OR_RETURN(
+        d->own_slots_,
+        tiers::DeviceSlots::Create(options.device, d->own_cache_.get(), tiers::MakeHostBackend()));
+    d->slots_ = d->own_slots_.get();
+  }
+  return d;
+}
+
+absl::StatusOr<uint64_t> Decoder::ResolveAdapter(const std::string& ref) {
+  if (ref.empty()) return uint64_t{0};
+  if (store_ == nullptr || slots_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("adapter ", ref, " requested but the decoder has no store"));
+  }
+  LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, store_->Resolve(ref));
+  if (rev.state != RevisionState::kLive) {
+    return absl::FailedPreconditionError(absl::StrCat("revision ", rev.id, " is deleted"));
+  }
+  LORADB_ASSIGN_OR_RETURN(BaseRecord base, store_->GetBase(rev.base));
+  if (!base.weights_fingerprint.empty() &&
+      base.weights_fingerprint != model_->fingerprint().Hex()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "adapter ", ref, " (revision ", rev.id, ") is for base ", rev.base, " with weights ",
+        base.weights_fingerprint, ", not the loaded model (", model_->fingerprint().Hex(), ")"));
+  }
+  return rev.id;
+}
+
+absl::StatusOr<uint64_t> Decoder::Submit(GenerateRequest request) {
+  const ModelConfig& c = model_->config();
+  if (request.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
+  for (int64_t t : request.prompt_ids) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (request.max_new_tokens < 1) {
+    return absl::InvalidArgumentError("max_new_tokens must be >= 1");
+  }
+  const int64_t total = static_cast<int64_t>(request.prompt_ids.size()) + request.max_new_tokens;
+  if (c.max_position_embeddings > 0 && total > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total,
+                                                   " exceeds max_position_embeddings ",
+                                                   c.max_position_embeddings));
+  }
+  const SamplingParams& sp = request.sampling;
+  if (!(sp.temperature >= 0) || !std::isfinite(sp.temperature) || sp.top_k < 0 ||
+      !(sp.top_p > 0 && sp.top_p <= 1)) {
+    return absl::InvalidArgumentError(
+        "sampling: temperature must be >= 0, top_k >= 0 and top_p in (0, 1]");
+  }
+  LORADB_ASSIGN_OR_RETURN(uint64_t revision, ResolveAdapter(request.adapter));
+  auto seq = std::make_unique<Sequence>();
+  seq->revision = revision;
+  seq->rng.seed(sp.seed);
+  seq->request = std::move(request);
+  absl::MutexLock lock(&mu_);
+  seq->id = next_id_++;
+  seq->result.id = seq->id;
+  seq->result.revision = revision;
+  const uint64_t id = seq->id;
+  live_[id] = true;
+  queued_.push_back(std::move(seq));
+  return id;
+}
+
+absl::StatusOr<std::optional<GenerateResult>> Decoder::Poll(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = done_.find(id);
+  if (it != done_.end()) {
+    GenerateResult r = std::move(it->second);
+    done_.erase(it);
+    return std::optional<GenerateResult>(std::move(r));
+  }
+  if (live_.contains(id)) return std::optional<GenerateResult>();
+  return absl::NotFoundError(absl::StrCat("request ", id, " is unknown or already polled"));
+}
+
+absl::Status Decoder::Cancel(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (!live_.contains(id)) {
+    return absl::NotFoundError(absl::StrCat("request ", id, " is not queued or running"));
+  }
+  cancel_[id] = true;
+  return absl::OkStatus();
+}
+
+bool Decoder::Idle() const {
+  absl::MutexLock lock(&mu_);
+  return live_.empty();
+}
+
+DecoderStats Decoder::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Decoder::Finish(Sequence& seq, FinishReason reason, absl::Status status) {
+  if (seq.cache_seq >= 0) {
+    cache_.RemoveSequence(seq.cache_seq).IgnoreError();  // known id; nothing to report
+    seq.cache_seq = -1;
+  }
+  seq.result.finish = reason;
+  seq.result.status = std::move(status);
+  std::function<void(GenerateResult)> cb = std::move(seq.request.on_done);
+  {
+    absl::MutexLock lock(&mu_);
+    live_.erase(seq.id);
+    cancel_.erase(seq.id);
+    if (reason == FinishReason::kError) {
+      ++stats_.failed;
+    } else {
+      ++stats_.finished;
+    }
+    if (!cb) done_[seq.id] = std::move(seq.result);
+  }
+  if (cb) cb(std::move(seq.result));
+}
+
+absl::StatusOr<const model::LoraAdapter*> Decoder::AdapterFor(const tiers::DeviceAdapter& dev,
+                                                              uint64_t revision) {
+  auto it = built_.find(revision);
+  if (it != built_.end() && it->second->device == &dev) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.adapter_reuses;
+    return &it->second->adapter;
+  }
+  LORADB_ASSIGN_OR_RETURN(RevisionRecord rec, store_->GetRevision(revision));
+  const peft::LoraConfig config = ToPeftConfig(rec.lora);
+  struct Pair {
+    std::string key;
+    at::Tensor a, b;
+  };
+  std::map<std::string, Pair> modules;
+  for (const tiers::DeviceTensor& t : dev.tensors) {
+    LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName name, peft::ParsePeftTensorName(t.name));
+    if (name.embedding) {
+      return absl::UnimplementedError(
+          absl::StrCat("revision ", revision, ": LoRA on embeddings (", t.name, ")"));
+    }
+    LORADB_ASSIGN_OR_RETURN(at::ScalarType st, ToScalarType(t.dtype, t.name));
+    // Read in place: a view over the lease's memory (never written through).
+    at::Tensor view = at::from_blob(t.data, t.shape, at::TensorOptions().dtype(st));
+    Pair& p = modules[name.module];
+    p.key = name.module_key;
+    (name.side == peft::LoraSide::kA ? p.a : p.b) = view;
+  }
+  std::vector<model::LoraModuleInput> inputs;
+  inputs.reserve(modules.size());
+  for (auto& [module, p] : modules) {
+    if (!p.a.defined() || !p.b.defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("revision ", revision, ": module ", module, " lacks lora_A or lora_B"));
+    }
+    inputs.push_back({module, p.a, p.b, config.ScaleFor(p.key)});
+  }
+  LORADB_ASSIGN_OR_RETURN(model::LoraAdapter adapter,
+                          model::LoraAdapter::Create(model_->config(), std::move(inputs),
+                                                     model_->dtype(), model_->device()));
+  auto built = std::make_unique<BuiltAdapter>(BuiltAdapter{&dev, std::move(adapter)});
+  const model::LoraAdapter* out = &built->adapter;
+  built_[revision] = std::move(built);
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.adapter_builds;
+  }
+  return out;
+}
+
+absl::Status Decoder::LeaseAdapters(std::vector<Sequence*>& candidates, std::vector<Sequence*>* run,
+                                    tiers::DeviceBatchLease* lease) {
+  std::vector<uint64_t> revs;
+  for (Sequence* s : candidates) {
+    if (s->revision != 0 && std::find(revs.begin(), revs.end(), s->revision) == revs.end()) {
+      revs.push_back(s->revision);
+    }
+  }
+  absl::flat_hash_map<uint64_t, absl::Status> failed;  // revisions whose requests fail
+  size_t k = revs.size();
+  bool acquired = false;
+  while (k > 0 && !acquired) {
+    std::vector<uint64_t> want(revs.begin(), revs.begin() + static_cast<ptrdiff_t>(k));
+    absl::StatusOr<tiers::DeviceBatchLease> got = slots_->AcquireBatch(want);
+    if (got.ok()) {
+      *lease = std::move(*got);
+      acquired = true;
+      break;
+    }
+    if (absl::IsResourceExhausted(got.status())) {
+      if (prev_lease_.size() > 0) {
+        // The previous step's pin may be what crowds the arena: drop it and retry.
+        built_.clear();
+        prev_lease_.Release();
+        prev_lease_ = tiers::DeviceBatchLease();
+        continue;
+      }
+      if (k > 1) {
+        k = k / 2;
+        continue;
+      }
+      // One adapter alone does not fit: it never will if it is larger than the arena.
+      const tiers::DeviceSlotsStats ds = slots_->stats();
+      const uint64_t arena = ds.pages_total * slots_->options().page_bytes;
+      absl::StatusOr<RevisionRecord> rec = store_->GetRevision(revs[0]);
+      if (rec.ok() && rec->blob.bytes > arena) {
+        failed[revs[0]] = absl::ResourceExhaustedError(
+            absl::StrCat("revision ", revs[0], " (", rec->blob.bytes,
+                         " bytes) is larger than the device arena (", arena, " bytes)"));
+        revs.erase(revs.begin());
+        k = revs.size();
+        continue;
+      }
+      k = 0;  // defer every adapter request this step
+      break;
+    }
+    // Another error (a blob that cannot be read, a deleted revision): find whose it is by
+    // acquiring each alone; those revisions' requests fail, the others go on.
+    std::vector<uint64_t> keep;
+    for (uint64_t r : want) {
+      const uint64_t one[1] = {r};
+      absl::StatusOr<tiers::DeviceBatchLease> single = slots_->AcquireBatch(one);
+      if (single.ok() || absl::IsResourceExhausted(single.status())) {
+        keep.push_back(r);
+      } else {
+        failed[r] = single.status();
+      }
+    }
+    if (keep.size() == want.size()) return got.status();  // not attributable: a real failure
+    revs.erase(revs.begin(), revs.begin() + static_cast<ptrdiff_t>(k));
+    keep.insert(keep.end(), revs.begin(), revs.end());
+    revs = std::move(keep);
+    k = revs.size();
+  }
+  if (!acquired) *lease = tiers::DeviceBatchLease();
+  int64_t deferred = 0;
+  for (Sequence* s : candidates) {
+    if (s->revision == 0) {
+      run->push_back(s);
+      continue;
+    }
+    auto f = failed.find(s->revision);
+    if (f != failed.end()) {
+      Finish(*s, FinishReason::kError, f->second);
+      continue;
+    }
+    if (acquired && lease->Find(s->revision) != nullptr) {
+      run->push_back(s);
+    } else {
+      ++s->result.deferred_steps;
+      ++deferred;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.deferrals += deferred;
+  return absl::OkStatus();
+}
+
+int64_t Decoder::Sample(Sequence& seq, const float* logits, int64_t vocab) {
+  const SamplingParams& sp = seq.request.sampling;
+  if (sp.temperature <= 0) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < vocab; ++i) {
+      if (logits[i] > logits[best]) best = i;
+    }
+    return best;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  auto by_logit = [&](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  size_t keep = order.size();
+  if (sp.top_k > 0 && static_cast<size_t>(sp.top_k) < keep) {
+    keep = static_cast<size_t>(sp.top_k);
+    std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end(),
+                      by_logit);
+  } else {
+    std::sort(order.begin(), order.end(), by_logit);
+  }
+  order.resize(keep);
+  const double max_logit = logits[order[0]];
+  std::vector<double> p(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    p[i] = std::exp((static_cast<double>(logits[order[i]]) - max_logit) / sp.temperature);
+    total += p[i];
+  }
+  if (sp.top_p < 1) {
+    double cum = 0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += p[n] / total;
+      ++n;
+      if (cum >= sp.top_p) break;
+    }
+    keep = n;
+    total = std::accumulate(p.begin(), p.begin() + static_cast<ptrdiff_t>(keep), 0.0);
+  }
+  // 53 random bits -> [0, 1): the same on every platform for a given seed.
+  const double u = static_cast<double>(seq.rng() >> 11) * 0x1.0p-53 * total;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (u < acc) return order[i];
+  }
+  return order[keep - 1];
+}
+
+absl::Status Decoder::Step() {
+  c10::InferenceMode inference;
+  // Admit queued requests; collect cancellations.
+  std::vector<std::unique_ptr<Sequence>> cancelled_queued;
+  absl::flat_hash_map<uint64_t, bool> cancel;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = queued_.begin(); it != queued_.end();) {
+      if (cancel_.contains((*it)->id)) {
+        cancelled_queued.push_back(std::move(*it));
+        it = queued_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    while (!queued_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
+      running_.push_back(std::move(queued_.front()));
+      queued_.pop_front();
+    }
+    cancel = cancel_;
+  }
+  for (auto& s : cancelled_queued) Finish(*s, FinishReason::kCancelled, absl::OkStatus());
+  for (auto& s : running_) {
+    if (cancel.contains(s->id)) Finish(*s, FinishReason::kCancelled, absl::OkStatus());
+  }
+  auto erase_finished = [&] {
+    absl::MutexLock lock(&mu_);
+    running_.erase(
+        std::remove_if(running_.begin(), running_.end(),
+                       [&](const std::unique_ptr<Sequence>& s)
+                           ABSL_NO_THREAD_SAFETY_ANALYSIS { return !live_.contains(s->id); }),
+        running_.end());
+  };
+  erase_finished();
+  if (running_.empty()) return absl::OkStatus();
+
+  // Candidates: every decoding sequence, plus prompts up to the prefill budget.
+  std::vector<Sequence*> candidates;
+  int64_t prefill_budget = options_.max_prefill_tokens;
+  bool any_prefill = false;
+  for (auto& s : running_) {
+    if (!s->prefilled) {
+      const auto n = static_cast<int64_t>(s->request.prompt_ids.size());
+      if (any_prefill && n > prefill_budget) continue;
+      prefill_budget -= n;
+      any_prefill = true;
+    }
+    candidates.push_back(s.get());
+  }
+  tiers::DeviceBatchLease lease;
+  std::vector<Sequence*> run;
+  if (slots_ != nullptr) {
+    LORADB_RETURN_IF_ERROR(LeaseAdapters(candidates, &run, &lease));
+  } else {
+    run = candidates;
+  }
+  // Index the lease's adapters; drop indexes of adapters the new lease does not hold.
+  for (auto it = built_.begin(); it != built_.end();) {
+    const tiers::DeviceAdapter* now = lease.Find(it->first);
+    if (now != it->second->device) {
+      built_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  model::LoraBatch lora;
+  absl::flat_hash_map<uint64_t, int32_t> slot_of;
+  absl::flat_hash_map<uint64_t, absl::Status> bad;  // adapters that cannot be applied
+  std::vector<Sequence*> ready;
+  for (Sequence* s : run) {
+    const uint64_t rev = s->revision;
+    if (rev != 0 && !slot_of.contains(rev) && !bad.contains(rev)) {
+      const tiers::DeviceAdapter* dev = lease.Find(rev);
+      absl::StatusOr<const model::LoraAdapter*> a =
+          dev == nullptr ? absl::InternalError(absl::StrCat("revision ", rev, " is not leased"))
+                         : AdapterFor(*dev, rev);
+      if (a.ok()) {
+        slot_of[rev] = static_cast<int32_t>(lora.adapters.size());
+        lora.adapters.push_back(*a);
+      } else {
+        bad[rev] = a.status();
+      }
+    }
+    if (rev != 0 && bad.contains(rev)) {
+      Finish(*s, FinishReason::kError, bad[rev]);
+      continue;
+    }
+    ready.push_back(s);
+  }
+  prev_lease_ = std::move(lease);
+  if (ready.empty()) {
+    erase_finished();
+    absl::MutexLock lock(&mu_);
+    ++stats_.steps;
+    return absl::OkStatus();
+  }
+
+  // One forward over every ready sequence.
+  std::vector<int64_t> ids;
+  model::ForwardInput in;
+  bool full_logits = false;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  for (Sequence* s : ready) {
+    if (s->cache_seq < 0) {
+      s->cache_seq = cache_.AddSequence(static_cast<int64_t>(s->request.prompt_ids.size()) +
+                                        s->request.max_new_tokens);
+    }
+    int64_t n = 0;
+    if (!s->prefilled) {
+      ids.insert(ids.end(), s->request.prompt_ids.begin(), s->request.prompt_ids.end());
+      n = static_cast<int64_t>(s->request.prompt_ids.size());
+      prefill_tokens += n;
+    } else {
+      ids.push_back(s->result.tokens.back());
+      n = 1;
+      ++decode_tokens;
+    }
+    in.seq_lens.push_back(n);
+    in.cache_seqs.push_back(s->cache_seq);
+    const int32_t slot = s->revision == 0 ? -1 : slot_of[s->revision];
+    lora.row_slot.insert(lora.row_slot.end(), static_cast<size_t>(n), slot);
+    full_logits = full_logits || s->request.record_logits;
+  }
+  in.token_ids = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(model_->device());
+  in.lora = lora.adapters.empty() ? nullptr : &lora;
+  in.last_row_logits_only = !full_logits;
+  absl::StatusOr<model::ForwardOutput> out = model_->Forward(in, &cache_);
+  if (!out.ok()) {
+    for (Sequence* s : ready) Finish(*s, FinishReason::kError, out.status());
+    erase_finished();
+    return out.status();
+  }
+  const at::Tensor logits = out->logits.to(at::kCPU, at::kFloat).contiguous();
+  const int64_t vocab = logits.size(1);
+  const float* base = logits.data_ptr<float>();
+  int64_t row = 0;
+  for (size_t i = 0; i < ready.size(); ++i) {
+    Sequence* s = ready[i];
+    const int64_t n = in.seq_lens[i];
+    const int64_t last = full_logits ? row + n - 1 : static_cast<int64_t>(i);
+    if (s->request.record_logits) {
+      for (int64_t r = row; r < row + n; ++r) {
+        s->result.logits.emplace_back(base + r * vocab, base + (r + 1) * vocab);
+      }
+    }
+    row += full_logits ? n : 1;
+    s->prefilled = true;
+    const int64_t token = Sample(*s, base + last * vocab, vocab);
+    s->result.tokens.push_back(token);
+    const auto& stops = s->request.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+      Finish(*s, FinishReason::kStop, absl::OkStatus());
+    } else if (static_cast<int64_t>(s->result.tokens.size()) >= s->request.max_new_tokens) {
+      Finish(*s, FinishReason::kLength, absl::OkStatus());
+    }
+  }
+  erase_finished();
+  absl::MutexLock lock(&mu_);
+  ++stats_.steps;
+  stats_.prefill_tokens += prefill_tokens;
+  stats_.decode_tokens += decode_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status Decoder::RunUntilIdle() {
+  while (!Idle()) LORADB_RETURN_IF_ERROR(Step());
+  return absl::OkStatus();
+}
+
+}  // namespace loradb::decoder

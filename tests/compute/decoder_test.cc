@@ -1,0 +1,457 @@
+// Decoder: store-backed multi-LoRA continuous batching. Batch invariance against merged weights
+// (16 requests over 16 adapters), alias moves mid-stream, deferral when the device arena is too
+// small, sampling determinism, stop tokens, cancellation and input validation.
+#include "compute/decoder/decoder.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "compute/model/checkpoint.h"
+#include "compute/model/kernel_lora_applier.h"
+#include "storage/formats/peft.h"
+#include "tests/test_util.h"
+
+namespace loradb::decoder {
+namespace {
+
+using ::loradb::testing::TempDir;
+
+constexpr int kRank = 4;
+
+std::string ConfigPath(const std::string& name) {
+  return std::string(LORADB_SOURCE_DIR) + "/compute/configs/" + name + ".json";
+}
+
+// One adapter's factors by module key ("model.layers.0.self_attn.q_proj"), with its scale.
+struct TestAdapter {
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> factors;  // key -> (A, B)
+  LoraSettings lora;
+  double scale = 0;
+};
+
+// A base checkpoint, a store with that base, and helpers to publish adapters.
+class DecoderTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Init("tiny-dense"); }
+
+  void Init(const std::string& config_name) {
+    absl::StatusOr<ModelConfig> c = ReadModelConfig(ConfigPath(config_name));
+    ASSERT_TRUE(c.ok()) << c.status();
+    config_ = *c;
+    model_dir_ = dir_.file("model");
+    ASSERT_TRUE(model::WriteRandomCheckpoint(config_, model_dir_, 7, at::kFloat).ok());
+    absl::StatusOr<std::unique_ptr<model::Qwen3Model>> m = model::Qwen3Model::Load(model_dir_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    model_->set_lora_applier(&applier_);
+    absl::StatusOr<std::unique_ptr<Store>> s = Store::Open(dir_.file("store"));
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    absl::StatusOr<BaseRecord> b = store_->AddBaseFromConfig("tiny", model_dir_ + "/config.json",
+                                                             model_dir_ + "/model.safetensors");
+    ASSERT_TRUE(b.ok()) << b.status();
+  }
+
+  // Random rank-kRank factors on every q/k/v/o/gate/up/down module, B non-zero. Odd seeds use
+  // rsLoRA (scale alpha / sqrt(r)), even ones alpha / r.
+  TestAdapter MakeAdapter(uint64_t seed) {
+    TestAdapter t;
+    at::Generator g = at::detail::createCPUGenerator(seed);
+    for (const ModuleShape& m : config_.LoraModules()) {
+      if (m.name.find("_proj") == std::string::npos) continue;  // embeddings, router, head
+      at::Tensor a = at::randn({kRank, m.in}, g, at::kFloat) * 0.2;
+      at::Tensor b = at::randn({m.out, kRank}, g, at::kFloat) * 0.2;
+      t.factors["model." + m.name] = {a, b};
+    }
+    t.lora.r = kRank;
+    t.lora.alpha = 8;
+    t.lora.use_rslora = seed % 2 == 1;
+    t.scale = t.lora.use_rslora ? 8.0 / std::sqrt(double{kRank}) : 8.0 / kRank;
+    return t;
+  }
+
+  // Publishes `t` as a new revision of `policy` (created on first use), moving `alias`.
+  uint64_t Publish(const std::string& policy, const TestAdapter& t, const std::string& alias) {
+    std::vector<TensorView> views;
+    for (const auto& [key, ab] : t.factors) {
+      for (int side = 0; side < 2; ++side) {
+        const at::Tensor& x = side == 0 ? ab.first : ab.second;
+        TensorView v;
+        v.name = peft::PeftTensorNameFor(key, side == 0 ? peft::LoraSide::kA : peft::LoraSide::kB,
+                                         false);
+        v.dtype = DType::kF32;
+        v.shape = x.sizes().vec();
+        v.data = static_cast<const std::byte*>(x.data_ptr());
+        v.nbytes = x.nbytes();
+        views.push_back(v);
+      }
+    }
+    PublishOptions o;
+    o.alias = alias;
+    o.create_policy_base = "tiny";
+    o.lora = t.lora;
+    absl::StatusOr<RevisionRecord> r = store_->PublishTensors(policy, views, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->id : 0;
+  }
+
+  // The base with `t` merged into its weights (W + scale B A), loaded as a model.
+  std::unique_ptr<model::Qwen3Model> Merged(const TestAdapter& t) {
+    absl::StatusOr<TensorSet> set = model::ReadCheckpointTensors(model_dir_);
+    EXPECT_TRUE(set.ok()) << set.status();
+    auto owned = std::make_shared<std::vector<at::Tensor>>();
+    auto merged = std::make_shared<TensorSet>(owned);
+    for (const TensorView& v : set->tensors()) {
+      at::Tensor w = at::from_blob(const_cast<std::byte*>(v.data), v.shape, at::kFloat).clone();
+      const std::string suffix = ".weight";
+      if (v.name.size() > suffix.size()) {
+        auto it = t.factors.find(v.name.substr(0, v.name.size() - suffix.size()));
+        if (it != t.factors.end()) {
+          w = (w.to(at::kDouble) + t.scale * at::matmul(it->second.second.to(at::kDouble),
+                                                        it->second.first.to(at::kDouble)))
+                  .to(at::kFloat)
+                  .contiguous();
+        }
+      }
+      owned->push_back(w);
+      TensorView o = v;
+      o.data = static_cast<const std::byte*>(w.data_ptr());
+      EXPECT_TRUE(merged->Add(std::move(o)).ok());
+    }
+    absl::StatusOr<std::unique_ptr<model::Qwen3Model>> m =
+        model::Qwen3Model::FromTensors(config_, merged);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+
+  std::vector<int64_t> Prompt(uint64_t seed, size_t len) {
+    std::mt19937_64 rng(seed);
+    std::vector<int64_t> p(len);
+    for (auto& x : p) x = static_cast<int64_t>(rng() % static_cast<uint64_t>(config_.vocab_size));
+    return p;
+  }
+
+  std::unique_ptr<Decoder> NewDecoder(Store* store, DecoderOptions o = {},
+                                      model::Qwen3Model* m = nullptr) {
+    if (o.device.arena_bytes == (uint64_t{256} << 20)) o.device.arena_bytes = 32 << 20;
+    absl::StatusOr<std::unique_ptr<Decoder>> d =
+        Decoder::Create(m != nullptr ? m : model_.get(), store, o);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? std::move(*d) : nullptr;
+  }
+
+  static GenerateResult RunOne(Decoder& d, GenerateRequest r) {
+    absl::StatusOr<uint64_t> id = d.Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    EXPECT_TRUE(d.RunUntilIdle().ok());
+    absl::StatusOr<std::optional<GenerateResult>> res = d.Poll(*id);
+    EXPECT_TRUE(res.ok() && res->has_value());
+    return res.ok() && res->has_value() ? std::move(**res) : GenerateResult{};
+  }
+
+  TempDir dir_;
+  ModelConfig config_;
+  std::string model_dir_;
+  model::KernelLoraApplier applier_{1};
+  std::unique_ptr<model::Qwen3Model> model_;
+  std::unique_ptr<Store> store_;
+};
+
+GenerateRequest Req(const std::string& adapter, std::vector<int64_t> prompt, int64_t n) {
+  GenerateRequest r;
+  r.adapter = adapter;
+  r.prompt_ids = std::move(prompt);
+  r.max_new_tokens = n;
+  return r;
+}
+
+TEST_F(DecoderTest, SixteenAdaptersInOneBatchMatchMergedWeightsAlone) {
+  constexpr int kN = 16;
+  std::vector<TestAdapter> adapters;
+  std::vector<uint64_t> revs;
+  for (int i = 0; i < kN; ++i) {
+    adapters.push_back(MakeAdapter(100 + i));
+    revs.push_back(Publish(absl::StrCat("p", i), adapters.back(), "prod"));
+  }
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < kN; ++i) {
+    absl::StatusOr<uint64_t> id =
+        d->Submit(Req(absl::StrCat("p", i, ":prod"), Prompt(i, 3 + i % 7), 6));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  // Every step ran all 16 sequences together: one prefill step + 5 decode steps.
+  EXPECT_EQ(d->stats().steps, 6);
+  EXPECT_EQ(d->stats().deferrals, 0);
+  EXPECT_GT(applier_.kernel_calls(), 0);
+  // Prefill (runs of rows per adapter) went through SGMV, decode steps through BGMV.
+  EXPECT_GT(applier_.sgmv_calls(), 0);
+  EXPECT_LT(applier_.sgmv_calls(), applier_.kernel_calls());
+  EXPECT_EQ(applier_.fallback_calls(), 0);
+  int differs_from_base = 0;
+  std::unique_ptr<Decoder> base = NewDecoder(nullptr);
+  for (int i = 0; i < kN; ++i) {
+    absl::StatusOr<std::optional<GenerateResult>> r = d->Poll(ids[i]);
+    ASSERT_TRUE(r.ok() && r->has_value());
+    EXPECT_EQ((*r)->revision, revs[i]);
+    EXPECT_EQ((*r)->finish, FinishReason::kLength);
+    std::unique_ptr<model::Qwen3Model> merged = Merged(adapters[i]);
+    std::unique_ptr<Decoder> alone = NewDecoder(nullptr, {}, merged.get());
+    GenerateResult ref = RunOne(*alone, Req("", Prompt(i, 3 + i % 7), 6));
+    EXPECT_EQ((*r)->tokens, ref.tokens) << "request " << i;
+    GenerateResult b = RunOne(*base, Req("", Prompt(i, 3 + i % 7), 6));
+    differs_from_base += b.tokens != ref.tokens;
+  }
+  // The adapters change the output (otherwise the comparison above would prove nothing).
+  EXPECT_GE(differs_from_base, kN / 2);
+}
+
+TEST_F(DecoderTest, RecordedLogitsMatchMergedModel) {
+  TestAdapter t = MakeAdapter(3);
+  Publish("p", t, "prod");
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  GenerateRequest r = Req("p:prod", Prompt(5, 6), 4);
+  r.record_logits = true;
+  GenerateResult got = RunOne(*d, r);
+  ASSERT_EQ(got.logits.size(), 6u + 4u - 1u);
+  std::unique_ptr<model::Qwen3Model> merged = Merged(t);
+  std::vector<int64_t> all = Prompt(5, 6);
+  all.insert(all.end(), got.tokens.begin(), got.tokens.end() - 1);
+  model::ForwardInput in;
+  in.token_ids = at::tensor(all, at::kLong);
+  absl::StatusOr<model::ForwardOutput> ref = merged->Forward(in);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (size_t p = 0; p < got.logits.size(); ++p) {
+    at::Tensor ours = at::tensor(got.logits[p], at::kFloat);
+    at::Tensor want = ref->logits[static_cast<int64_t>(p)];
+    const double rel = ((ours - want).abs().max() / want.abs().max()).item<double>();
+    EXPECT_LT(rel, 1e-4) << "position " << p;
+  }
+}
+
+TEST_F(DecoderTest, AliasMovedMidStreamPinsRunningRequestsToTheirRevision) {
+  TestAdapter t1 = MakeAdapter(11), t2 = MakeAdapter(12);
+  const uint64_t rev1 = Publish("p", t1, "prod");
+  const uint64_t rev2 = Publish("p", t2, "");
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  absl::StatusOr<uint64_t> a = d->Submit(Req("p:prod", Prompt(1, 5), 8));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(d->Step().ok());
+  ASSERT_TRUE(d->Step().ok());
+  ASSERT_TRUE(store_->SetAlias("p", "prod", rev2).ok());
+  absl::StatusOr<uint64_t> b = d->Submit(Req("p:prod", Prompt(1, 5), 8));
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  absl::StatusOr<std::optional<GenerateResult>> ra = d->Poll(*a), rb = d->Poll(*b);
+  ASSERT_TRUE(ra.ok() && ra->has_value() && rb.ok() && rb->has_value());
+  EXPECT_EQ((*ra)->revision, rev1);
+  EXPECT_EQ((*rb)->revision, rev2);
+  std::unique_ptr<Decoder> fresh = NewDecoder(store_.get());
+  EXPECT_EQ((*ra)->tokens, RunOne(*fresh, Req(absl::StrCat(rev1), Prompt(1, 5), 8)).tokens);
+  EXPECT_EQ((*rb)->tokens, RunOne(*fresh, Req(absl::StrCat(rev2), Prompt(1, 5), 8)).tokens);
+  EXPECT_NE((*ra)->tokens, (*rb)->tokens);
+}
+
+TEST_F(DecoderTest, AdaptersThatDoNotFitAreDeferredNotFailed) {
+  constexpr int kN = 6;
+  std::vector<std::string> refs;
+  for (int i = 0; i < kN; ++i) {
+    Publish(absl::StrCat("p", i), MakeAdapter(200 + i), "prod");
+    refs.push_back(absl::StrCat("p", i, ":prod"));
+  }
+  // ~143 KB per adapter: an arena of 80 pages of 4 KiB holds two at a time.
+  DecoderOptions small;
+  small.device.arena_bytes = 80 * 4096;
+  small.device.page_bytes = 4096;
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get(), small);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < kN; ++i) {
+    absl::StatusOr<uint64_t> id = d->Submit(Req(refs[i], Prompt(i, 4), 3));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE(d->Submit(Req("", Prompt(99, 4), 3)).ok());  // base rows always run
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  EXPECT_GT(d->stats().deferrals, 0);
+  std::unique_ptr<Decoder> roomy = NewDecoder(store_.get());
+  int64_t deferred = 0;
+  for (int i = 0; i < kN; ++i) {
+    absl::StatusOr<std::optional<GenerateResult>> r = d->Poll(ids[i]);
+    ASSERT_TRUE(r.ok() && r->has_value());
+    EXPECT_EQ((*r)->finish, FinishReason::kLength) << (*r)->status;
+    deferred += (*r)->deferred_steps;
+    EXPECT_EQ((*r)->tokens, RunOne(*roomy, Req(refs[i], Prompt(i, 4), 3)).tokens);
+  }
+  EXPECT_GT(deferred, 0);
+}
+
+TEST_F(DecoderTest, AdapterLargerThanTheArenaFailsOnlyItsRequest) {
+  Publish("p", MakeAdapter(1), "prod");
+  DecoderOptions tiny;
+  tiny.device.arena_bytes = 8 * 4096;
+  tiny.device.page_bytes = 4096;
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get(), tiny);
+  absl::StatusOr<uint64_t> a = d->Submit(Req("p:prod", Prompt(1, 4), 3));
+  absl::StatusOr<uint64_t> b = d->Submit(Req("", Prompt(2, 4), 3));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  absl::StatusOr<std::optional<GenerateResult>> ra = d->Poll(*a), rb = d->Poll(*b);
+  ASSERT_TRUE(ra.ok() && ra->has_value() && rb.ok() && rb->has_value());
+  EXPECT_EQ((*ra)->finish, FinishReason::kError);
+  EXPECT_TRUE(absl::IsResourceExhausted((*ra)->status)) << (*ra)->status;
+  EXPECT_EQ((*rb)->finish, FinishReason::kLength);
+  EXPECT_EQ((*rb)->tokens.size(), 3u);
+}
+
+TEST_F(DecoderTest, SamplingIsSeededPerRequestAndIndependentOfTheBatch) {
+  Publish("p", MakeAdapter(4), "prod");
+  GenerateRequest r = Req("p:prod", Prompt(3, 5), 10);
+  r.sampling.temperature = 1.5;
+  r.sampling.top_k = 50;
+  r.sampling.top_p = 0.9;
+  r.sampling.seed = 42;
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  GenerateResult alone = RunOne(*d, r);
+  // The same request among others: same tokens.
+  absl::StatusOr<uint64_t> x = d->Submit(Req("", Prompt(8, 7), 10));
+  absl::StatusOr<uint64_t> id = d->Submit(r);
+  ASSERT_TRUE(x.ok() && id.ok());
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  absl::StatusOr<std::optional<GenerateResult>> mixed = d->Poll(*id);
+  ASSERT_TRUE(mixed.ok() && mixed->has_value());
+  EXPECT_EQ((*mixed)->tokens, alone.tokens);
+  // Other seeds give other samples (at temperature 1.5 over ~1000 tokens).
+  int different = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    GenerateRequest o = r;
+    o.sampling.seed = seed;
+    different += RunOne(*d, o).tokens != alone.tokens;
+  }
+  EXPECT_GE(different, 3);
+  // top_k = 1 is greedy whatever the temperature.
+  GenerateRequest k1 = r;
+  k1.sampling.top_k = 1;
+  GenerateRequest greedy = Req("p:prod", Prompt(3, 5), 10);
+  EXPECT_EQ(RunOne(*d, k1).tokens, RunOne(*d, greedy).tokens);
+}
+
+TEST_F(DecoderTest, StopTokensAndCancel) {
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  GenerateResult full = RunOne(*d, Req("", Prompt(6, 4), 8));
+  ASSERT_EQ(full.tokens.size(), 8u);
+  GenerateRequest s = Req("", Prompt(6, 4), 8);
+  s.stop_token_ids = {full.tokens[2]};
+  GenerateResult stopped = RunOne(*d, s);
+  EXPECT_EQ(stopped.finish, FinishReason::kStop);
+  // Stops at the first occurrence of the stop token, which it includes.
+  const auto first = std::find(full.tokens.begin(), full.tokens.end(), full.tokens[2]);
+  EXPECT_EQ(stopped.tokens, std::vector<int64_t>(full.tokens.begin(), first + 1));
+
+  absl::StatusOr<uint64_t> id = d->Submit(Req("", Prompt(6, 4), 8));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(d->Step().ok());
+  ASSERT_TRUE(d->Cancel(*id).ok());
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  absl::StatusOr<std::optional<GenerateResult>> r = d->Poll(*id);
+  ASSERT_TRUE(r.ok() && r->has_value());
+  EXPECT_EQ((*r)->finish, FinishReason::kCancelled);
+  EXPECT_EQ((*r)->tokens.size(), 1u);
+  EXPECT_TRUE(absl::IsNotFound(d->Poll(*id).status()));
+  EXPECT_TRUE(absl::IsNotFound(d->Cancel(*id)));
+
+  // Callbacks get the result instead of Poll.
+  std::vector<int64_t> got;
+  GenerateRequest cb = Req("", Prompt(6, 4), 8);
+  cb.on_done = [&](GenerateResult res) { got = res.tokens; };
+  absl::StatusOr<uint64_t> cid = d->Submit(std::move(cb));
+  ASSERT_TRUE(cid.ok());
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  EXPECT_EQ(got, full.tokens);
+  EXPECT_TRUE(absl::IsNotFound(d->Poll(*cid).status()));
+}
+
+TEST_F(DecoderTest, BadRequestsAreRejectedAndNothingIsQueued) {
+  Publish("p", MakeAdapter(5), "prod");
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  EXPECT_TRUE(absl::IsInvalidArgument(d->Submit(Req("", {}, 4)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(d->Submit(Req("", {1, config_.vocab_size}, 4)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(d->Submit(Req("", {1, -1}, 4)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(d->Submit(Req("", {1, 2}, 0)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      d->Submit(Req("", {1, 2}, config_.max_position_embeddings)).status()));
+  GenerateRequest bad_p = Req("", {1, 2}, 4);
+  bad_p.sampling.temperature = 1;
+  bad_p.sampling.top_p = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(d->Submit(bad_p).status()));
+  EXPECT_TRUE(absl::IsNotFound(d->Submit(Req("p:staging", {1, 2}, 4)).status()));
+  EXPECT_TRUE(absl::IsNotFound(d->Submit(Req("nope:prod", {1, 2}, 4)).status()));
+  std::unique_ptr<Decoder> no_store = NewDecoder(nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(no_store->Submit(Req("p:prod", {1, 2}, 4)).status()));
+  EXPECT_TRUE(d->Idle());
+  EXPECT_TRUE(absl::IsNotFound(d->Poll(12345).status()));
+  // A revision of another base (different weights) is refused.
+  const std::string other = dir_.file("other");
+  ASSERT_TRUE(model::WriteRandomCheckpoint(config_, other, 8, at::kFloat).ok());
+  ASSERT_TRUE(
+      store_->AddBaseFromConfig("other", other + "/config.json", other + "/model.safetensors")
+          .ok());
+  TestAdapter t = MakeAdapter(6);
+  std::vector<TensorView> views;
+  for (const auto& [key, ab] : t.factors) {
+    for (int side = 0; side < 2; ++side) {
+      const at::Tensor& x = side == 0 ? ab.first : ab.second;
+      views.push_back(
+          {peft::PeftTensorNameFor(key, side == 0 ? peft::LoraSide::kA : peft::LoraSide::kB, false),
+           DType::kF32, x.sizes().vec(), static_cast<const std::byte*>(x.data_ptr()), x.nbytes()});
+    }
+  }
+  PublishOptions o;
+  o.alias = "prod";
+  o.create_policy_base = "other";
+  o.lora = t.lora;
+  ASSERT_TRUE(store_->PublishTensors("q", views, o).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(d->Submit(Req("q:prod", {1, 2}, 4)).status()));
+  EXPECT_TRUE(d->Idle());
+}
+
+class MoeDecoderTest : public DecoderTest {
+ protected:
+  void SetUp() override { Init("tiny-moe"); }
+};
+
+TEST_F(MoeDecoderTest, MixedAdaptersMatchMergedWeights) {
+  std::vector<TestAdapter> adapters;
+  for (int i = 0; i < 3; ++i) {
+    adapters.push_back(MakeAdapter(300 + i));
+    Publish(absl::StrCat("m", i), adapters.back(), "prod");
+  }
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<uint64_t> id = d->Submit(Req(absl::StrCat("m", i, ":prod"), Prompt(i, 5), 5));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::optional<GenerateResult>> r = d->Poll(ids[i]);
+    ASSERT_TRUE(r.ok() && r->has_value());
+    ASSERT_EQ((*r)->finish, FinishReason::kLength) << (*r)->status;
+    std::unique_ptr<model::Qwen3Model> merged = Merged(adapters[i]);
+    std::unique_ptr<Decoder> alone = NewDecoder(nullptr, {}, merged.get());
+    EXPECT_EQ((*r)->tokens, RunOne(*alone, Req("", Prompt(i, 5), 5)).tokens) << i;
+  }
+}
+
+}  // namespace
+}  // namespace loradb::decoder
