@@ -292,7 +292,9 @@ Reply ErrorReply(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kResourceExhausted ||
       status.code() == absl::StatusCode::kUnavailable) {
     uint64_t seconds = 1;
-    auto hint = status.GetPayload("retry_after_ms");
+    // storage/tiers (CpuCache) attaches its hint under this type URL.
+    auto hint = status.GetPayload("type.loradb.dev/retry_after_ms");
+    if (!hint.has_value()) hint = status.GetPayload("retry_after_ms");
     if (hint.has_value()) {
       std::string ms(*hint);
       uint64_t v = 0;
@@ -372,6 +374,11 @@ absl::StatusOr<uint64_t> ParseUint(absl::string_view text, absl::string_view wha
   return v;
 }
 
+void Router::SetParamSchema(const std::string& name, nlohmann::json schema,
+                            nlohmann::json example) {
+  param_schemas_[name] = {std::move(schema), std::move(example)};
+}
+
 void Router::AddSchemas(const nlohmann::json& schemas) {
   for (const auto& [name, schema] : schemas.items()) schemas_[name] = schema;
 }
@@ -389,7 +396,13 @@ nlohmann::json Router::OpenApi(const std::string& title, const std::string& vers
                     route.integer_params.end();
       json schema = is_int ? json{{"type", "integer"}, {"minimum", 0}}
                            : json{{"type", "string"}, {"minLength", 1}};
-      params.push_back({{"name", name}, {"in", "path"}, {"required", true}, {"schema", schema}});
+      json param = {{"name", name}, {"in", "path"}, {"required", true}, {"schema", schema}};
+      auto custom = param_schemas_.find(name);
+      if (custom != param_schemas_.end()) {
+        param["schema"] = custom->second.first;
+        param["example"] = custom->second.second;
+      }
+      params.push_back(std::move(param));
     }
     if (!params.empty()) op["parameters"] = params;
     if (!op.contains("operationId")) {

@@ -92,6 +92,9 @@ class Router {
 
   const std::vector<Route>& routes() const { return routes_; }
 
+  // Documents every path parameter called `name` with `schema` and an `example` value.
+  void SetParamSchema(const std::string& name, nlohmann::json schema, nlohmann::json example);
+
   // Adds component schemas (name -> JSON Schema) to the OpenAPI document.
   void AddSchemas(const nlohmann::json& schemas);
 
@@ -101,6 +104,7 @@ class Router {
  private:
   std::vector<Route> routes_;
   nlohmann::json schemas_ = nlohmann::json::object();
+  std::map<std::string, std::pair<nlohmann::json, nlohmann::json>> param_schemas_;
 };
 
 // True when `status` is the Resolve error meaning "known path, other method".
@@ -118,7 +122,8 @@ int HttpStatusFor(absl::StatusCode code);
 // The stable error code string for an absl status code, e.g. "not_found".
 std::string ErrorCodeFor(absl::StatusCode code);
 // {"error":{"code":..,"message":..}} with the matching HTTP status; ResourceExhausted gets a
-// Retry-After header (seconds, from a "retry_after_ms" status payload when present, else 1).
+// Retry-After header (seconds, rounded up, from the "type.loradb.dev/retry_after_ms" status
+// payload that storage/tiers attaches, else 1).
 Reply ErrorReply(const absl::Status& status);
 // An error reply for a status the HTTP layer itself produces (e.g. 413, 401).
 Reply ErrorReply(int http_status, const std::string& code, const std::string& message);

@@ -47,10 +47,19 @@ function table(cols, rows) {
   return t;
 }
 function show(id, node) { const d = document.getElementById(id); d.className = ""; d.replaceChildren(node); }
-function fail(id, msg) { const d = document.getElementById(id); d.className = "bad"; d.textContent = msg; }
+function fail(id, err) {
+  const d = document.getElementById(id);
+  d.className = err.unavailable ? "muted" : "bad";
+  d.textContent = String(err.message);
+}
 async function getJson(path) {
   const r = await fetch(path, { headers: { "Accept": "application/json" } });
   const body = await r.json().catch(() => ({}));
+  if (r.status === 404 && body.error && body.error.message.startsWith("no route")) {
+    const e = new Error("not available: this server has no " + path + " endpoint");
+    e.unavailable = true;
+    throw e;
+  }
   if (!r.ok) throw new Error((body.error && body.error.message) || ("HTTP " + r.status));
   return body;
 }
@@ -59,23 +68,23 @@ async function refresh() {
   try {
     const h = await getJson("/healthz");
     const e = document.getElementById("health"); e.textContent = h.status; e.className = "ok";
-  } catch (err) { fail("health", String(err.message)); }
+  } catch (err) { fail("health", err); }
   try {
     const p = await getJson("/v1/policies?limit=100");
     show("policies", p.policies.length === 0 ? el("span", "no policies", "muted") :
       table(["name", "base", "revisions", "aliases", "archived"],
             p.policies.map(x => [x.name, x.base, x.revision_count, Object.entries(x.aliases || {}).map(a => a[0] + "=" + a[1]).join(" "), x.archived ? "yes" : "no"])));
-  } catch (err) { fail("policies", String(err.message)); }
+  } catch (err) { fail("policies", err); }
   try {
     const r = await getJson("/v1/residency");
     show("tiers", table(["tier", "entries", "bytes", "budget", "fragmentation"],
       r.tiers.map(t => [t.tier, t.entries, t.bytes, t.budget_bytes === undefined ? "-" : t.budget_bytes, t.fragmentation === undefined ? "-" : t.fragmentation])));
-  } catch (err) { fail("tiers", String(err.message)); }
+  } catch (err) { fail("tiers", err); }
   try {
     const s = await getJson("/v1/stats");
     show("cache", table(["tier", "hits", "misses", "hit rate", "loads", "joined", "rejected", "evictions"],
       s.tiers.map(t => [t.tier, t.hits, t.misses, pct(t.hits, t.misses), t.loads, t.joined_waiters, t.rejections, t.evictions])));
-  } catch (err) { fail("cache", String(err.message)); }
+  } catch (err) { fail("cache", err); }
   try {
     const r = await fetch("/metrics");
     const text = await r.text();
@@ -85,7 +94,7 @@ async function refresh() {
       if (m) rows.push([m[2], m[1], m[3], m[4]]);
     });
     show("http", table(["method", "route", "status", "requests"], rows));
-  } catch (err) { fail("http", String(err.message)); }
+  } catch (err) { fail("http", err); }
   document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
 }
 refresh();

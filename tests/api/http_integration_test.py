@@ -102,11 +102,19 @@ class ServerTest(unittest.TestCase):
                              ("/v1/policies", "post"), ("/v1/policies/{policy}/archive", "post"),
                              ("/v1/policies/{policy}/revisions", "get"),
                              ("/v1/revisions/{id}", "get"), ("/v1/revisions/{id}", "delete"),
+                             ("/v1/revisions/{id}/tensors", "get"),
+                             ("/v1/revisions/{id}/tier", "get"),
+                             ("/v1/policies/{policy}/aliases/{alias}/locate", "get"),
                              ("/v1/policies/{policy}/aliases/{alias}", "put"),
                              ("/v1/policies/{policy}/aliases/{alias}/rollback", "post"),
                              ("/v1/policies/{policy}/aliases/{alias}/history", "get"),
                              ("/v1/policies/{policy}/checkpoints", "get"),
-                             ("/v1/checkpoints/{id}", "get")]:
+                             ("/v1/checkpoints/{id}", "get"), ("/v1/residency", "get"),
+                             ("/v1/stats", "get"), ("/v1/revisions/{id}/residency", "get"),
+                             ("/v1/revisions/{id}/prefetch", "post"),
+                             ("/v1/revisions/{id}/evict", "post"),
+                             ("/v1/revisions/{id}/pin", "post"),
+                             ("/v1/revisions/{id}/pin", "delete")]:
             self.assertIn(method, doc["paths"].get(path, {}), f"{method} {path} not documented")
         r = self.get("/")
         self.assertEqual(r.status_code, 200)
@@ -117,7 +125,7 @@ class ServerTest(unittest.TestCase):
         bases = self.get("/v1/bases").json()["bases"]
         self.assertEqual([b["name"] for b in bases], ["qwen3-tiny"])
         base = self.get("/v1/bases/qwen3-tiny").json()
-        self.assertEqual(len(base["modules"]), 8)
+        self.assertEqual(len(base["modules"]), 4)
         assert_error(self, self.get("/v1/bases/nope"), 404, "not_found")
         page1 = self.get("/v1/policies?limit=2").json()
         self.assertEqual(len(page1["policies"]), 2)
@@ -149,7 +157,23 @@ class ServerTest(unittest.TestCase):
         self.assertEqual([r["seq"] for r in seen], [1, 2, 3, 4])
         rev = self.get(f"/v1/revisions/{seen[0]['id']}").json()
         self.assertEqual(rev["policy"], "team/p0")
-        self.assertEqual(rev["lora"]["r"], 8)
+        self.assertEqual(rev["lora"]["r"], 2)
+        tensors = self.get(f"/v1/revisions/{rev['id']}/tensors").json()
+        self.assertEqual(len(tensors["tensors"]), 8)
+        self.assertEqual(tensors["total_bytes"], 8 * 2 * 16 * 4)
+        t0 = tensors["tensors"][0]
+        self.assertEqual(t0["dtype"], "F32")
+        self.assertIn(t0["shape"], ([2, 16], [16, 2]))
+        tier = self.get(f"/v1/revisions/{rev['id']}/tier").json()["location"]
+        self.assertEqual(tier["tier"], "storage")
+        self.assertTrue(tier["blob_present"])
+        loc = self.get("/v1/policies/" + pol("team/p0") + "/aliases/serving/locate").json()
+        self.assertEqual(loc["base"]["name"], "qwen3-tiny")
+        self.assertEqual(loc["revision"]["id"], seen[0]["id"])
+        self.assertEqual(loc["location"]["tier"], "storage")
+        assert_error(self, self.get("/v1/revisions/999999/tensors"), 404)
+        assert_error(self, self.get("/v1/policies/" + pol("team/p0") + "/aliases/nope/locate"),
+                     404)
         self.assertEqual(rev["state"], "live")
         assert_error(self, self.get("/v1/revisions/999999"), 404, "not_found")
         assert_error(self, self.get("/v1/revisions/abc"), 400, "invalid_argument")
@@ -247,6 +271,49 @@ class ServerTest(unittest.TestCase):
             assert_error(self, self.call("POST", "/v1/bases", json=body), 400)
         assert_error(self, self.get("/v1/bases/b2"), 404)
 
+    # ---- tiers
+    def wait_for_tier(self, rid, tier):
+        # Ordering only (prefetch loads in the background): poll until the state is reached.
+        for _ in range(300):
+            place = self.get(f"/v1/revisions/{rid}/residency").json()
+            if place["tier"] == tier:
+                return place
+            time.sleep(0.05)
+        self.fail(f"revision {rid} never reached tier {tier}: {place}")
+
+    def test_tiers_prefetch_pin_evict_and_stats(self):
+        rid = self.store.seeded["revisions"][1]  # team/p0: no test deletes its revisions
+        place = self.get(f"/v1/revisions/{rid}/residency").json()
+        self.assertEqual(place["tier"], "storage")
+        self.assertFalse(place["pinned"])
+        assert_error(self, self.call("POST", f"/v1/revisions/{rid}/prefetch", auth=False), 401)
+        r = self.call("POST", f"/v1/revisions/{rid}/prefetch")
+        self.assertEqual(r.status_code, 202, r.text)
+        self.wait_for_tier(rid, "cpu")
+        r = self.call("POST", f"/v1/revisions/{rid}/pin")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertTrue(r.json()["pinned"])
+        self.assertEqual(r.json()["cpu_leases"], 1)
+        assert_error(self, self.call("POST", f"/v1/revisions/{rid}/evict"), 409)
+        self.assertEqual(self.call("DELETE", f"/v1/revisions/{rid}/pin").status_code, 200)
+        assert_error(self, self.call("DELETE", f"/v1/revisions/{rid}/pin"), 404)
+        r = self.call("POST", f"/v1/revisions/{rid}/evict")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json()["tier"], "storage")
+        assert_error(self, self.call("POST", f"/v1/revisions/{rid}/evict"), 404)
+        assert_error(self, self.call("POST", "/v1/revisions/999999/pin"), 404)
+        assert_error(self, self.call("POST", "/v1/revisions/abc/prefetch"), 400)
+        residency = self.get("/v1/residency").json()["tiers"]
+        cpu = [t for t in residency if t["tier"] == "cpu"][0]
+        self.assertEqual(cpu["budget_bytes"], 1 << 30)
+        stats = self.get("/v1/stats").json()
+        cpu = [t for t in stats["tiers"] if t["tier"] == "cpu"][0]
+        self.assertGreaterEqual(cpu["loads"], 1)
+        self.assertGreaterEqual(cpu["hits"] + cpu["misses"], 1)
+        self.assertIn(stats["loader"]["backend"], ("io_uring", "pread"))
+        metrics = self.get("/metrics").text
+        self.assertIn("loradb_cpu_cache_loads_total", metrics)
+
     # ---- hostile input
     def test_malformed_unknown_and_wrongly_typed_bodies(self):
         path = "/v1/policies"
@@ -268,6 +335,24 @@ class ServerTest(unittest.TestCase):
         r = self.call("POST", "/v1/policies", data=b"{" + b" " * (1 << 20) + b"}",
                       headers={"Content-Type": "application/json"})
         assert_error(self, r, 413, "payload_too_large")
+
+    def test_chunked_bodies_are_refused_before_reading(self):
+        # httplib does not bound chunked bodies, so the server refuses them (411) unread.
+        head = (b"POST /v1/policies HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Authorization: Bearer " + http_harness.TOKEN.encode() + b"\r\n"
+                b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n")
+        chunk = b"a" * 65536
+        body = b"".join(b"%x\r\n" % len(chunk) + chunk + b"\r\n" for _ in range(40)) + b"0\r\n\r\n"
+        try:
+            resp = raw_request(self.server.port, head + body)
+        except (ConnectionResetError, BrokenPipeError):
+            resp = b""
+        if resp:
+            self.assertTrue(resp.startswith(b"HTTP/1.1 411"), resp[:200])
+            self.assertIn(b"length_required", resp)
+        self.assertEqual(self.get("/healthz").status_code, 200)
+        resp = raw_request(self.server.port, head)
+        self.assertTrue(resp.startswith(b"HTTP/1.1 411"), resp[:200])
 
     def test_path_traversal_and_invalid_utf8_in_names(self):
         for name in [b"..", b".", b"%2e%2e", b"..%2F..%2Fetc%2Fpasswd", b"%ff", b"a%00b",

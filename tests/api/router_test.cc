@@ -96,7 +96,7 @@ TEST(StatusMappingTest, ErrorReplyShapeAndRetryAfter) {
   EXPECT_EQ(j["error"]["message"], "no revision 7");
 
   absl::Status busy = absl::ResourceExhaustedError("load queue full");
-  busy.SetPayload("retry_after_ms", absl::Cord("2500"));
+  busy.SetPayload("type.loradb.dev/retry_after_ms", absl::Cord("2500"));
   r = ErrorReply(busy);
   EXPECT_EQ(r.status, 429);
   ASSERT_EQ(r.headers.size(), 1u);

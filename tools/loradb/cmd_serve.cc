@@ -2,6 +2,7 @@
 #ifdef LORADB_HTTP_AVAILABLE
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstdio>
@@ -10,9 +11,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "api/http/catalog_routes.h"
 #include "api/http/server.h"
-#include "storage/catalog/catalog.h"
+#include "api/http/store_routes.h"
+#include "api/http/tier_routes.h"
+#include "storage/store/store.h"
+#include "storage/tiers/store_tiers.h"
 #include "tools/loradb/command.h"
 
 namespace loradb::cli {
@@ -26,9 +29,19 @@ struct ServeArgs {
   int threads = 64;
   int max_queued = 64;
   int read_timeout_ms = 5000;
+  uint64_t cpu_budget_bytes = uint64_t{1} << 30;
+  std::string device = "none";
+  uint64_t arena_bytes = uint64_t{256} << 20;
 };
 
 absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
+  // SIGTERM/SIGINT are handled by one thread with sigwait; block them before any other thread
+  // (the tiers' loader and cache threads included) starts, so they are never delivered elsewhere.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   http::ServerOptions options;
   absl::Status st = http::ParseListenAddress(args.listen, &options.host, &options.port);
   if (!st.ok()) return st;
@@ -36,6 +49,11 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
     absl::StatusOr<std::string> token = http::ReadTokenFile(args.token_file);
     if (!token.ok()) return token.status();
     options.token = *token;
+    struct stat st_buf;
+    if (::stat(args.token_file.c_str(), &st_buf) == 0 && (st_buf.st_mode & 077) != 0) {
+      std::fprintf(stderr, "loradb serve: warning: token file %s is readable by group/others\n",
+                   args.token_file.c_str());
+    }
   }
   options.auth_reads = args.auth_reads;
   options.max_body_bytes = args.max_body_bytes;
@@ -45,24 +63,40 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   options.write_timeout_ms = args.read_timeout_ms;
   absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(options);
   if (!server.ok()) return server.status();
-  CatalogOptions catalog_options;
-  catalog_options.create_if_missing = false;
-  absl::StatusOr<std::shared_ptr<Catalog>> catalog = Catalog::Open(global.store, catalog_options);
-  if (!catalog.ok()) {
-    return absl::Status(catalog.status().code(),
+  StoreOptions store_options;
+  store_options.create_if_missing = false;
+  store_options.catalog.create_if_missing = false;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(global.store, store_options);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
                         absl::StrCat("cannot open store ", global.store, ": ",
-                                     catalog.status().message(), " (run `loradb init` first)"));
+                                     store.status().message(), " (run `loradb init` first)"));
   }
-  st = http::AddCatalogRoutes(*catalog, server->get());
+  std::shared_ptr<Store> shared_store(std::move(*store));
+  st = http::AddStoreRoutes(shared_store, server->get());
   if (!st.ok()) return st;
-
-  // SIGTERM/SIGINT are handled by one thread with sigwait; block them before any other thread
-  // starts so they are never delivered elsewhere.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  tiers::StoreTiersOptions tier_options;
+  tier_options.cpu.budget_bytes = args.cpu_budget_bytes;
+  tier_options.slots.arena_bytes = args.arena_bytes;
+  if (args.device == "none") {
+    tier_options.device = tiers::DeviceKind::kNone;
+  } else if (args.device == "host") {
+    tier_options.device = tiers::DeviceKind::kHost;
+  } else if (args.device == "cuda") {
+    tier_options.device = tiers::DeviceKind::kCuda;
+  } else if (args.device == "auto") {
+    tier_options.device = tiers::DeviceKind::kAuto;
+  } else {
+    return absl::InvalidArgumentError("--device must be none, host, cuda or auto");
+  }
+  absl::StatusOr<std::unique_ptr<tiers::StoreTiers>> opened_tiers =
+      tiers::StoreTiers::Open(shared_store.get(), tier_options);
+  if (!opened_tiers.ok()) return opened_tiers.status();
+  // The tiers hold a raw Store pointer: the deleter keeps the Store alive until they are gone.
+  std::shared_ptr<tiers::StoreTiers> store_tiers(
+      opened_tiers->release(), [shared_store](tiers::StoreTiers* t) { delete t; });
+  st = http::AddTierRoutes(store_tiers, server->get());
+  if (!st.ok()) return st;
 
   st = (*server)->Bind();
   if (!st.ok()) return st;
@@ -103,6 +137,12 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
       ->capture_default_str();
   sub->add_option("--read-timeout-ms", args->read_timeout_ms,
                   "per-read and per-write socket timeout")
+      ->capture_default_str();
+  sub->add_option("--cpu-budget-bytes", args->cpu_budget_bytes, "CPU cache budget")
+      ->capture_default_str();
+  sub->add_option("--device", args->device, "device tier: none, host, cuda or auto")
+      ->capture_default_str();
+  sub->add_option("--arena-bytes", args->arena_bytes, "device tier arena size")
       ->capture_default_str();
   sub->callback([inv, args] { inv->run = [inv, args] { return RunServe(inv->global, *args); }; });
 }

@@ -1,6 +1,7 @@
-#include "api/http/catalog_routes.h"
+#include "api/http/store_routes.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "api/http/record_json.h"
@@ -59,14 +60,14 @@ json CursorJson(const std::optional<uint64_t>& next) {
   return next.has_value() ? json(std::to_string(*next)) : json(nullptr);
 }
 
-class CatalogApi {
+class StoreApi {
  public:
-  explicit CatalogApi(std::shared_ptr<Catalog> catalog) : catalog_(std::move(catalog)) {}
+  explicit StoreApi(std::shared_ptr<Store> store) : store_(std::move(store)) {}
 
   absl::StatusOr<PolicyRecord> Policy(const Call& call) const {
     const std::string& name = call.Param("policy");
     LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
-    return catalog_->GetPolicy(name);
+    return store_->catalog().GetPolicy(name);
   }
 
   absl::StatusOr<std::string> Alias(const Call& call) const {
@@ -80,25 +81,25 @@ class CatalogApi {
   }
 
   std::string PolicyName(uint64_t policy_id) const {
-    absl::StatusOr<PolicyRecord> p = catalog_->GetPolicyById(policy_id);
+    absl::StatusOr<PolicyRecord> p = store_->catalog().GetPolicyById(policy_id);
     return p.ok() ? p->name : "";
   }
 
   // Policy JSON plus its aliases and revision count (what the status page shows).
   absl::StatusOr<json> PolicySummary(const PolicyRecord& p) const {
     json j = PolicyJson(p);
-    LORADB_ASSIGN_OR_RETURN(std::vector<AliasEntry> aliases, catalog_->ListAliases(p.id));
+    LORADB_ASSIGN_OR_RETURN(std::vector<AliasEntry> aliases, store_->catalog().ListAliases(p.id));
     json a = json::object();
     for (const AliasEntry& e : aliases) a[e.alias] = e.revision;
     j["aliases"] = a;
-    LORADB_ASSIGN_OR_RETURN(uint64_t count, catalog_->CountPolicyRevisions(p.id));
+    LORADB_ASSIGN_OR_RETURN(uint64_t count, store_->catalog().CountPolicyRevisions(p.id));
     j["revision_count"] = count;
     return j;
   }
 
   // ---- bases
   absl::StatusOr<Reply> ListBases(const Call&) const {
-    LORADB_ASSIGN_OR_RETURN(std::vector<BaseRecord> bases, catalog_->ListBases());
+    LORADB_ASSIGN_OR_RETURN(std::vector<BaseRecord> bases, store_->catalog().ListBases());
     json items = json::array();
     for (const BaseRecord& b : bases) items.push_back(BaseJson(b, false));
     return Reply::Json({{"bases", items}});
@@ -107,7 +108,7 @@ class CatalogApi {
   absl::StatusOr<Reply> GetBase(const Call& call) const {
     const std::string& name = call.Param("base");
     LORADB_RETURN_IF_ERROR(ValidateBaseName(name));
-    LORADB_ASSIGN_OR_RETURN(BaseRecord base, catalog_->GetBase(name));
+    LORADB_ASSIGN_OR_RETURN(BaseRecord base, store_->catalog().GetBase(name));
     return Reply::Json(BaseJson(base, true));
   }
 
@@ -164,8 +165,8 @@ class CatalogApi {
       LORADB_RETURN_IF_ERROR(ParseHash128(*fp).status());
       base.weights_fingerprint = *fp;
     }
-    LORADB_RETURN_IF_ERROR(catalog_->PutBase(base));
-    LORADB_ASSIGN_OR_RETURN(BaseRecord stored, catalog_->GetBase(base.name));
+    LORADB_RETURN_IF_ERROR(store_->AddBase(base).status());
+    LORADB_ASSIGN_OR_RETURN(BaseRecord stored, store_->catalog().GetBase(base.name));
     return Reply::Json(BaseJson(stored, false), 201);
   }
 
@@ -174,7 +175,7 @@ class CatalogApi {
     size_t limit;
     uint64_t after;
     LORADB_RETURN_IF_ERROR(ReadPage(call, &limit, &after));
-    LORADB_ASSIGN_OR_RETURN(std::vector<PolicyRecord> all, catalog_->ListPolicies());
+    LORADB_ASSIGN_OR_RETURN(std::vector<PolicyRecord> all, store_->catalog().ListPolicies());
     std::sort(all.begin(), all.end(),
               [](const PolicyRecord& a, const PolicyRecord& b) { return a.id < b.id; });
     std::optional<std::string> base = call.Query("base");
@@ -217,7 +218,7 @@ class CatalogApi {
         labels[k] = v.get<std::string>();
       }
     }
-    LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->CreatePolicy(*name, *base, labels));
+    LORADB_ASSIGN_OR_RETURN(PolicyRecord p, store_->CreatePolicy(*name, *base, labels));
     LORADB_ASSIGN_OR_RETURN(json j, PolicySummary(p));
     return Reply::Json(j, 201);
   }
@@ -226,8 +227,8 @@ class CatalogApi {
     LORADB_ASSIGN_OR_RETURN(json body, ParseJsonObject(call, {"archived"}));
     LORADB_ASSIGN_OR_RETURN(std::optional<bool> archived, GetBool(body, "archived", false));
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
-    LORADB_RETURN_IF_ERROR(catalog_->SetPolicyArchived(p.name, archived.value_or(true)));
-    LORADB_ASSIGN_OR_RETURN(PolicyRecord updated, catalog_->GetPolicy(p.name));
+    LORADB_RETURN_IF_ERROR(store_->ArchivePolicy(p.name, archived.value_or(true)));
+    LORADB_ASSIGN_OR_RETURN(PolicyRecord updated, store_->catalog().GetPolicy(p.name));
     LORADB_ASSIGN_OR_RETURN(json j, PolicySummary(updated));
     return Reply::Json(j);
   }
@@ -244,8 +245,8 @@ class CatalogApi {
       include_deleted = *v == "true";
     }
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
-    LORADB_ASSIGN_OR_RETURN(Page<RevisionRecord> page,
-                            catalog_->ListPolicyRevisions(p.id, after, limit, include_deleted));
+    LORADB_ASSIGN_OR_RETURN(Page<RevisionRecord> page, store_->catalog().ListPolicyRevisions(
+                                                           p.id, after, limit, include_deleted));
     json items = json::array();
     for (const RevisionRecord& r : page.items) items.push_back(RevisionJson(r, p.name));
     return Reply::Json({{"revisions", items}, {"next_cursor", CursorJson(page.next_after)}});
@@ -254,21 +255,71 @@ class CatalogApi {
   // ---- revisions
   absl::StatusOr<Reply> GetRevision(const Call& call) const {
     LORADB_ASSIGN_OR_RETURN(uint64_t id, RevisionId(call, "id"));
-    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, catalog_->GetRevision(id));
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, store_->catalog().GetRevision(id));
     return Reply::Json(RevisionJson(r, PolicyName(r.policy_id)));
   }
 
   absl::StatusOr<Reply> DeleteRevision(const Call& call) const {
     LORADB_ASSIGN_OR_RETURN(uint64_t id, RevisionId(call, "id"));
-    LORADB_RETURN_IF_ERROR(catalog_->DeleteRevision(id));
-    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, catalog_->GetRevision(id));
+    LORADB_RETURN_IF_ERROR(store_->DeleteRevision(id));
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, store_->catalog().GetRevision(id));
     return Reply::Json(RevisionJson(r, PolicyName(r.policy_id)));
+  }
+
+  absl::StatusOr<Reply> RevisionTensors(const Call& call) const {
+    LORADB_ASSIGN_OR_RETURN(uint64_t id, RevisionId(call, "id"));
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, store_->GetRevision(id));
+    LORADB_ASSIGN_OR_RETURN(TensorSet tensors, store_->ReadTensors(r));
+    json items = json::array();
+    for (const TensorView& t : tensors.tensors()) {
+      items.push_back({{"name", t.name},
+                       {"dtype", std::string(DTypeName(t.dtype))},
+                       {"shape", t.shape},
+                       {"bytes", t.nbytes}});
+    }
+    return Reply::Json(
+        {{"revision", id}, {"tensors", items}, {"total_bytes", tensors.total_bytes()}});
+  }
+
+  absl::StatusOr<Reply> RevisionTier(const Call& call) const {
+    LORADB_ASSIGN_OR_RETURN(uint64_t id, RevisionId(call, "id"));
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, store_->GetRevision(id));
+    return Reply::Json({{"revision", id}, {"location", LocationJson(r)}});
+  }
+
+  // Where the bytes are. The Store has no cache/device tier members yet, so storage is the
+  // tier; blob_present says whether the blob file is there.
+  json LocationJson(const RevisionRecord& r) const {
+    std::string path = store_->BlobPath(r.blob.hash);
+    std::error_code ec;
+    bool present = std::filesystem::is_regular_file(path, ec);
+    return {{"tier", std::string(TierName(Tier::kStorage))},
+            {"blob_path", path},
+            {"blob_present", present},
+            {"hash", r.blob.hash.Hex()},
+            {"bytes", r.blob.bytes}};
+  }
+
+  absl::StatusOr<Reply> Locate(const Call& call) const {
+    LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
+    LORADB_ASSIGN_OR_RETURN(std::string alias, Alias(call));
+    LORADB_ASSIGN_OR_RETURN(Located l, store_->Locate(p.name, alias));
+    json loc = LocationJson(l.revision);
+    loc["tier"] = std::string(TierName(l.location.tier));
+    return Reply::Json(
+        {{"policy", p.name},
+         {"alias", alias},
+         {"base", BaseJson(l.base, false)},
+         {"checkpoint",
+          l.checkpoint.has_value() ? CheckpointJson(*l.checkpoint, p.name) : json(nullptr)},
+         {"revision", RevisionJson(l.revision, p.name)},
+         {"location", loc}});
   }
 
   // ---- aliases
   absl::StatusOr<Reply> ListAliases(const Call& call) const {
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
-    LORADB_ASSIGN_OR_RETURN(std::vector<AliasEntry> aliases, catalog_->ListAliases(p.id));
+    LORADB_ASSIGN_OR_RETURN(std::vector<AliasEntry> aliases, store_->catalog().ListAliases(p.id));
     json items = json::array();
     for (const AliasEntry& e : aliases) {
       items.push_back({{"alias", e.alias}, {"revision", e.revision}});
@@ -279,7 +330,7 @@ class CatalogApi {
   absl::StatusOr<Reply> GetAlias(const Call& call) const {
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
     LORADB_ASSIGN_OR_RETURN(std::string alias, Alias(call));
-    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, catalog_->GetRevisionByAlias(p.id, alias));
+    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, store_->catalog().GetRevisionByAlias(p.id, alias));
     return Reply::Json(
         {{"policy", p.name}, {"alias", alias}, {"revision", RevisionJson(r, p.name)}});
   }
@@ -296,7 +347,7 @@ class CatalogApi {
     if (alias == "latest") {
       return absl::InvalidArgumentError("'latest' is maintained by the store and cannot be set");
     }
-    LORADB_RETURN_IF_ERROR(catalog_->SetAlias(p.id, alias, *rev, reason.value_or("set")));
+    LORADB_RETURN_IF_ERROR(store_->SetAlias(p.name, alias, *rev, reason.value_or("set")));
     return Reply::Json({{"policy", p.name}, {"alias", alias}, {"revision", *rev}});
   }
 
@@ -305,14 +356,15 @@ class CatalogApi {
     (void)body;
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
     LORADB_ASSIGN_OR_RETURN(std::string alias, Alias(call));
-    LORADB_ASSIGN_OR_RETURN(uint64_t rev, catalog_->Rollback(p.id, alias));
+    LORADB_ASSIGN_OR_RETURN(uint64_t rev, store_->Rollback(p.name, alias));
     return Reply::Json({{"policy", p.name}, {"alias", alias}, {"revision", rev}});
   }
 
   absl::StatusOr<Reply> AliasHistory(const Call& call) const {
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
     LORADB_ASSIGN_OR_RETURN(std::string alias, Alias(call));
-    LORADB_ASSIGN_OR_RETURN(std::vector<AliasLogEntry> log, catalog_->AliasLog(p.id, alias));
+    LORADB_ASSIGN_OR_RETURN(std::vector<AliasLogEntry> log,
+                            store_->catalog().AliasLog(p.id, alias));
     json items = json::array();
     for (const AliasLogEntry& e : log) items.push_back(AliasLogJson(e));
     return Reply::Json({{"policy", p.name}, {"alias", alias}, {"entries", items}});
@@ -321,7 +373,8 @@ class CatalogApi {
   // ---- checkpoints
   absl::StatusOr<Reply> ListCheckpoints(const Call& call) const {
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
-    LORADB_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> list, catalog_->ListCheckpoints(p.id));
+    LORADB_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> list,
+                            store_->catalog().ListCheckpoints(p.id));
     json items = json::array();
     for (const CheckpointRecord& c : list) items.push_back(CheckpointJson(c, p.name));
     return Reply::Json({{"policy", p.name}, {"checkpoints", items}});
@@ -329,20 +382,29 @@ class CatalogApi {
 
   absl::StatusOr<Reply> GetCheckpoint(const Call& call) const {
     LORADB_ASSIGN_OR_RETURN(uint64_t id, RevisionId(call, "id"));
-    LORADB_ASSIGN_OR_RETURN(CheckpointRecord c, catalog_->GetCheckpoint(id));
+    LORADB_ASSIGN_OR_RETURN(CheckpointRecord c, store_->catalog().GetCheckpoint(id));
     return Reply::Json(CheckpointJson(c, PolicyName(c.policy_id)));
   }
 
  private:
-  std::shared_ptr<Catalog> catalog_;
+  std::shared_ptr<Store> store_;
 };
 
 }  // namespace
 
-absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) {
-  auto api = std::make_shared<CatalogApi>(std::move(catalog));
+absl::Status AddStoreRoutes(std::shared_ptr<Store> store, Server* server) {
+  auto api = std::make_shared<StoreApi>(std::move(store));
   Router* r = server->router();
   r->AddSchemas(RecordSchemas());
+  r->SetParamSchema("policy",
+                    {{"type", "string"}, {"pattern", "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$"}},
+                    "team/p0");
+  r->SetParamSchema("base",
+                    {{"type", "string"}, {"pattern", "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$"}},
+                    "qwen3-tiny");
+  r->SetParamSchema("alias", {{"type", "string"}, {"pattern", "^[A-Za-z][A-Za-z0-9_.-]{0,63}$"}},
+                    "serving");
+  r->SetParamSchema("id", {{"type", "integer"}, {"minimum", 0}}, 1);
   json policy_summary = RecordSchemas()["Policy"];
   policy_summary["properties"]["aliases"] = {{"type", "object"},
                                              {"additionalProperties", {{"type", "integer"}}}};
@@ -350,7 +412,7 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
   policy_summary["required"].push_back("aliases");
   policy_summary["required"].push_back("revision_count");
   r->AddSchemas({{"PolicySummary", policy_summary}});
-  auto bind = [api](absl::StatusOr<Reply> (CatalogApi::*fn)(const Call&) const) -> Handler {
+  auto bind = [api](absl::StatusOr<Reply> (StoreApi::*fn)(const Call&) const) -> Handler {
     return [api, fn](const Call& call) { return ((*api).*fn)(call); };
   };
   auto object = [](json properties, std::vector<std::string> required) {
@@ -367,7 +429,7 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
 
   // Bases.
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
-      "GET", "/v1/bases", bind(&CatalogApi::ListBases),
+      "GET", "/v1/bases", bind(&StoreApi::ListBases),
       Operation(
           "List registered bases", "bases",
           {{"200", ResponseSpec("bases", {{"type", "object"},
@@ -386,9 +448,9 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
                        {"weights_fingerprint", {{"type", "string"}}}},
                       {"name"}));
   LORADB_RETURN_IF_ERROR(
-      r->Add(MakeRoute("POST", "/v1/bases", bind(&CatalogApi::CreateBase), create_base_op)));
+      r->Add(MakeRoute("POST", "/v1/bases", bind(&StoreApi::CreateBase), create_base_op)));
   LORADB_RETURN_IF_ERROR(
-      r->Add(MakeRoute("GET", "/v1/bases/{base}", bind(&CatalogApi::GetBase),
+      r->Add(MakeRoute("GET", "/v1/bases/{base}", bind(&StoreApi::GetBase),
                        Operation("A base with its module table", "bases",
                                  {{"200", ResponseSpec("the base", Ref("Base"))}}))));
 
@@ -404,7 +466,7 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
   list_policies_op["parameters"].push_back(
       QueryParam("base", {{"type", "string"}}, "only policies bound to this base"));
   LORADB_RETURN_IF_ERROR(
-      r->Add(MakeRoute("GET", "/v1/policies", bind(&CatalogApi::ListPolicies), list_policies_op)));
+      r->Add(MakeRoute("GET", "/v1/policies", bind(&StoreApi::ListPolicies), list_policies_op)));
   json create_policy_op =
       Operation("Create a policy bound to a base", "policies",
                 {{"201", ResponseSpec("the new policy", Ref("PolicySummary"))}});
@@ -414,9 +476,9 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
               {"labels", {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}}}},
              {"name", "base"}));
   LORADB_RETURN_IF_ERROR(
-      r->Add(MakeRoute("POST", "/v1/policies", bind(&CatalogApi::CreatePolicy), create_policy_op)));
+      r->Add(MakeRoute("POST", "/v1/policies", bind(&StoreApi::CreatePolicy), create_policy_op)));
   LORADB_RETURN_IF_ERROR(
-      r->Add(MakeRoute("GET", "/v1/policies/{policy}", bind(&CatalogApi::GetPolicy),
+      r->Add(MakeRoute("GET", "/v1/policies/{policy}", bind(&StoreApi::GetPolicy),
                        Operation("A policy record (name URL-encoded: acme%2Fsupport)", "policies",
                                  {{"200", ResponseSpec("the policy", Ref("PolicySummary"))}}))));
   json archive_op =
@@ -425,7 +487,7 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
   archive_op["requestBody"] = JsonBody(object({{"archived", {{"type", "boolean"}}}}, {}));
   archive_op["requestBody"]["required"] = false;
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute("POST", "/v1/policies/{policy}/archive",
-                                          bind(&CatalogApi::ArchivePolicy), archive_op)));
+                                          bind(&StoreApi::ArchivePolicy), archive_op)));
   json list_revs_op = Operation(
       "A policy's revisions in sequence order (cursor pagination)", "revisions",
       {{"200", ResponseSpec("a page of revisions", {{"type", "object"},
@@ -437,23 +499,74 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
   list_revs_op["parameters"].push_back(QueryParam(
       "include_deleted", {{"type", "string"}, {"enum", {"true", "false"}}}, "list deleted too"));
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute("GET", "/v1/policies/{policy}/revisions",
-                                          bind(&CatalogApi::ListPolicyRevisions), list_revs_op)));
+                                          bind(&StoreApi::ListPolicyRevisions), list_revs_op)));
 
   // Revisions.
   LORADB_RETURN_IF_ERROR(
-      r->Add(MakeRoute("GET", "/v1/revisions/{id}", bind(&CatalogApi::GetRevision),
+      r->Add(MakeRoute("GET", "/v1/revisions/{id}", bind(&StoreApi::GetRevision),
                        Operation("A revision's metadata", "revisions",
                                  {{"200", ResponseSpec("the revision", Ref("Revision"))}}),
                        {"id"})));
   LORADB_RETURN_IF_ERROR(
-      r->Add(MakeRoute("DELETE", "/v1/revisions/{id}", bind(&CatalogApi::DeleteRevision),
+      r->Add(MakeRoute("DELETE", "/v1/revisions/{id}", bind(&StoreApi::DeleteRevision),
                        Operation("Delete a revision (409 while an alias points at it)", "revisions",
                                  {{"200", ResponseSpec("the deleted revision", Ref("Revision"))}}),
                        {"id"})));
 
+  json location = {{"type", "object"},
+                   {"required", {"tier", "blob_path", "blob_present", "hash", "bytes"}},
+                   {"properties",
+                    {{"tier", {{"type", "string"}, {"enum", {"storage", "cpu", "gpu"}}}},
+                     {"blob_path", {{"type", "string"}}},
+                     {"blob_present", {{"type", "boolean"}}},
+                     {"hash", {{"type", "string"}}},
+                     {"bytes", {{"type", "integer"}, {"minimum", 0}}}}}};
+  r->AddSchemas({{"Location", location}});
+  json tensor = object({{"name", {{"type", "string"}}},
+                        {"dtype", {{"type", "string"}}},
+                        {"shape", ArrayOf({{"type", "integer"}})},
+                        {"bytes", {{"type", "integer"}, {"minimum", 0}}}},
+                       {"name", "dtype", "shape", "bytes"});
+  LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
+      "GET", "/v1/revisions/{id}/tensors", bind(&StoreApi::RevisionTensors),
+      Operation("A revision's tensors (read from its blob, checksums verified)", "revisions",
+                {{"200",
+                  ResponseSpec("the tensors", {{"type", "object"},
+                                               {"required", {"revision", "tensors", "total_bytes"}},
+                                               {"properties",
+                                                {{"revision", {{"type", "integer"}}},
+                                                 {"tensors", ArrayOf(tensor)},
+                                                 {"total_bytes", {{"type", "integer"}}}}}})}}),
+      {"id"})));
+  LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
+      "GET", "/v1/revisions/{id}/tier", bind(&StoreApi::RevisionTier),
+      Operation("The tier a revision's bytes are in", "revisions",
+                {{"200", ResponseSpec("the location", {{"type", "object"},
+                                                       {"required", {"revision", "location"}},
+                                                       {"properties",
+                                                        {{"revision", {{"type", "integer"}}},
+                                                         {"location", Ref("Location")}}}})}}),
+      {"id"})));
+
   // Aliases.
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
-      "GET", "/v1/policies/{policy}/aliases", bind(&CatalogApi::ListAliases),
+      "GET", "/v1/policies/{policy}/aliases/{alias}/locate", bind(&StoreApi::Locate),
+      Operation(
+          "The four answers for an alias: base, checkpoint, revision, location", "aliases",
+          {{"200",
+            ResponseSpec(
+                "the answers",
+                {{"type", "object"},
+                 {"required", {"policy", "alias", "base", "checkpoint", "revision", "location"}},
+                 {"properties",
+                  {{"policy", {{"type", "string"}}},
+                   {"alias", {{"type", "string"}}},
+                   {"base", Ref("Base")},
+                   {"checkpoint", {{"oneOf", {Ref("Checkpoint"), {{"type", "null"}}}}}},
+                   {"revision", Ref("Revision")},
+                   {"location", Ref("Location")}}}})}}))));
+  LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
+      "GET", "/v1/policies/{policy}/aliases", bind(&StoreApi::ListAliases),
       Operation(
           "A policy's aliases", "aliases",
           {{"200", ResponseSpec("aliases",
@@ -465,7 +578,7 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
                                                                {"revision", {{"type", "integer"}}}},
                                                               {"alias", "revision"}))}}}})}}))));
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
-      "GET", "/v1/policies/{policy}/aliases/{alias}", bind(&CatalogApi::GetAlias),
+      "GET", "/v1/policies/{policy}/aliases/{alias}", bind(&StoreApi::GetAlias),
       Operation("The revision an alias points at ('latest': newest live revision)", "aliases",
                 {{"200", ResponseSpec("the alias and its revision",
                                       {{"type", "object"},
@@ -480,13 +593,13 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
       {{"revision", {{"type", "integer"}, {"minimum", 0}}}, {"reason", {{"type", "string"}}}},
       {"revision"}));
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute("PUT", "/v1/policies/{policy}/aliases/{alias}",
-                                          bind(&CatalogApi::SetAlias), set_alias_op)));
+                                          bind(&StoreApi::SetAlias), set_alias_op)));
   json rollback_op = Operation("Move an alias back to its value before its last move", "aliases",
                                {{"200", ResponseSpec("the alias", alias_value)}});
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute("POST", "/v1/policies/{policy}/aliases/{alias}/rollback",
-                                          bind(&CatalogApi::Rollback), rollback_op)));
+                                          bind(&StoreApi::Rollback), rollback_op)));
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
-      "GET", "/v1/policies/{policy}/aliases/{alias}/history", bind(&CatalogApi::AliasHistory),
+      "GET", "/v1/policies/{policy}/aliases/{alias}/history", bind(&StoreApi::AliasHistory),
       Operation(
           "An alias's move log, oldest first", "aliases",
           {{"200", ResponseSpec("the log", {{"type", "object"},
@@ -498,7 +611,7 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
 
   // Checkpoints.
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
-      "GET", "/v1/policies/{policy}/checkpoints", bind(&CatalogApi::ListCheckpoints),
+      "GET", "/v1/policies/{policy}/checkpoints", bind(&StoreApi::ListCheckpoints),
       Operation("A policy's training checkpoints by step", "checkpoints",
                 {{"200", ResponseSpec("checkpoints",
                                       {{"type", "object"},
@@ -506,7 +619,7 @@ absl::Status AddCatalogRoutes(std::shared_ptr<Catalog> catalog, Server* server) 
                                        {"properties",
                                         {{"policy", {{"type", "string"}}},
                                          {"checkpoints", ArrayOf(Ref("Checkpoint"))}}}})}}))));
-  return r->Add(MakeRoute("GET", "/v1/checkpoints/{id}", bind(&CatalogApi::GetCheckpoint),
+  return r->Add(MakeRoute("GET", "/v1/checkpoints/{id}", bind(&StoreApi::GetCheckpoint),
                           Operation("A checkpoint's metadata", "checkpoints",
                                     {{"200", ResponseSpec("the checkpoint", Ref("Checkpoint"))}}),
                           {"id"}));

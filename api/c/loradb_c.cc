@@ -1,0 +1,886 @@
+// The C API (loradb.h) over loradb::Store. Every entry point converts its arguments, calls the
+// C++ API, and turns the absl::Status into a loradb_status_t plus an allocated message. No C++
+// exception crosses this boundary: each entry point catches everything and reports
+// LORADB_INTERNAL (std::bad_alloc included).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "api/c/loradb.h"
+#include "storage/store/store.h"
+
+struct loradb_store_t {
+  std::unique_ptr<loradb::Store> store;
+};
+
+struct loradb_options_t {
+  loradb::StoreOptions options;
+};
+
+struct loradb_tensors_t {
+  loradb::TensorSet set;
+};
+
+namespace {
+
+using loradb::Store;
+
+// Live handles of every kind; a destroyed handle is removed, so a stale copy is detected
+// (unless the allocator reused the address for a new handle of the same kind).
+class HandleRegistry {
+ public:
+  void Add(const void* p) {
+    absl::MutexLock lock(&mu_);
+    live_.insert(p);
+  }
+  bool Remove(const void* p) {
+    absl::MutexLock lock(&mu_);
+    return live_.erase(p) == 1;
+  }
+  bool Contains(const void* p) const {
+    absl::MutexLock lock(&mu_);
+    return live_.contains(p);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<const void*> live_ ABSL_GUARDED_BY(mu_);
+};
+
+HandleRegistry& Registry() {
+  static auto* registry = new HandleRegistry();
+  return *registry;
+}
+
+char* CopyString(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out == nullptr) return nullptr;
+  std::memcpy(out, s.data(), s.size());
+  out[s.size()] = '\0';
+  return out;
+}
+
+loradb_status_t CodeFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return LORADB_OK;
+    case absl::StatusCode::kInvalidArgument:
+      return LORADB_INVALID_ARGUMENT;
+    case absl::StatusCode::kOutOfRange:
+      return LORADB_OUT_OF_RANGE;
+    case absl::StatusCode::kNotFound:
+      return LORADB_NOT_FOUND;
+    case absl::StatusCode::kAlreadyExists:
+      return LORADB_ALREADY_EXISTS;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAborted:
+      return LORADB_CONFLICT;
+    case absl::StatusCode::kResourceExhausted:
+      return LORADB_RESOURCE_EXHAUSTED;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+      return LORADB_UNAVAILABLE;
+    case absl::StatusCode::kDataLoss:
+      return LORADB_CORRUPT;
+    case absl::StatusCode::kUnimplemented:
+      return LORADB_UNIMPLEMENTED;
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnknown:
+      return LORADB_IO_ERROR;
+    default:
+      return LORADB_INTERNAL;
+  }
+}
+
+// Reports `status` through `errmsg` (when given) and returns its code.
+loradb_status_t Report(const absl::Status& status, char** errmsg) {
+  if (errmsg != nullptr)
+    *errmsg = status.ok() ? nullptr : CopyString(std::string(status.message()));
+  return CodeFor(status.code());
+}
+
+loradb_status_t Fail(loradb_status_t code, const std::string& message, char** errmsg) {
+  if (errmsg != nullptr) *errmsg = CopyString(message);
+  return code;
+}
+
+// Runs `fn` (returning loradb_status_t), converting any exception into LORADB_INTERNAL.
+template <typename Fn>
+loradb_status_t Guarded(char** errmsg, Fn&& fn) {
+  if (errmsg != nullptr) *errmsg = nullptr;
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return Fail(LORADB_INTERNAL, "out of memory", errmsg);
+  } catch (const std::exception& e) {
+    return Fail(LORADB_INTERNAL, absl::StrCat("internal error: ", e.what()), errmsg);
+  } catch (...) {
+    return Fail(LORADB_INTERNAL, "internal error", errmsg);
+  }
+}
+
+// A (pointer, length) byte string; NULL is allowed only with length 0.
+bool ToString(const char* p, size_t len, std::string* out) {
+  if (p == nullptr) {
+    out->clear();
+    return len == 0;
+  }
+  out->assign(p, len);
+  return true;
+}
+
+#define LORADB_C_STRING(var, ptr, len, what)                                                    \
+  std::string var;                                                                              \
+  if (!ToString(ptr, len, &var)) {                                                              \
+    return Fail(LORADB_INVALID_ARGUMENT, absl::StrCat(what, " is NULL with a non-zero length"), \
+                errmsg);                                                                        \
+  }
+
+// Checks a store handle: NULL -> INVALID_ARGUMENT, unknown/closed -> INVALID_HANDLE.
+#define LORADB_C_CHECK_STORE(h)                                                                 \
+  do {                                                                                          \
+    if ((h) == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "store handle is NULL", errmsg);   \
+    if (!Registry().Contains(h)) {                                                              \
+      return Fail(LORADB_INVALID_HANDLE, "store handle is closed or was never opened", errmsg); \
+    }                                                                                           \
+  } while (0)
+
+#define LORADB_C_CHECK_STRUCT(p, type)                                                         \
+  do {                                                                                         \
+    if ((p) == nullptr) return Fail(LORADB_INVALID_ARGUMENT, #p " is NULL", errmsg);           \
+    if ((p)->struct_size != sizeof(type)) {                                                    \
+      return Fail(LORADB_INVALID_ARGUMENT,                                                     \
+                  absl::StrCat(#p "->struct_size is ", (p)->struct_size, ", expected sizeof(", \
+                               #type ") = ", sizeof(type)),                                    \
+                  errmsg);                                                                     \
+    }                                                                                          \
+  } while (0)
+
+bool ToDType(loradb_dtype_t in, loradb::DType* out) {
+  if (static_cast<int>(in) < 0 || static_cast<int>(in) > LORADB_DTYPE_F8_E5M2) return false;
+  *out = static_cast<loradb::DType>(static_cast<int>(in));
+  return true;
+}
+
+void FillRevision(const loradb::RevisionRecord& r, loradb_revision_info_t* out) {
+  const size_t size = out->struct_size;
+  std::memset(out, 0, sizeof(*out));
+  out->struct_size = size;
+  out->id = r.id;
+  out->policy_id = r.policy_id;
+  out->seq = r.seq;
+  out->parent = r.parent;
+  out->blob_bytes = r.blob.bytes;
+  out->tensor_count = r.blob.tensors;
+  out->lora_r = r.lora.r;
+  out->lora_alpha = r.lora.alpha;
+  out->use_rslora = r.lora.use_rslora ? 1 : 0;
+  out->deleted = r.state == loradb::RevisionState::kDeleted ? 1 : 0;
+  out->packed = r.layout == loradb::Layout::kPacked ? 1 : 0;
+  out->trained = r.source.kind == loradb::SourceKind::kTrained ? 1 : 0;
+  out->checkpoint_id = r.source.checkpoint_id;
+  out->created_us = r.created_us;
+  const std::string hex = r.blob.hash.Hex();
+  std::memcpy(out->blob_hash, hex.data(), std::min(hex.size(), sizeof(out->blob_hash) - 1));
+}
+
+void FillCheckpoint(const loradb::CheckpointRecord& c, loradb_checkpoint_info_t* out) {
+  const size_t size = out->struct_size;
+  std::memset(out, 0, sizeof(*out));
+  out->struct_size = size;
+  out->id = c.id;
+  out->policy_id = c.policy_id;
+  out->step = c.step;
+  out->parent = c.parent;
+  out->master_bytes = c.master.bytes;
+  out->optimizer_bytes = c.optimizer.bytes;
+  out->gradients_bytes = c.gradients.bytes;
+  out->scheduler_position = c.scheduler_position;
+  out->created_us = c.created_us;
+}
+
+// Converts caller tensors to views, checking pointers and that nbytes matches shape x dtype.
+absl::Status ToViews(const loradb_tensor_t* tensors, size_t count, const char* what,
+                     std::vector<loradb::TensorView>* out) {
+  if (tensors == nullptr && count > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is NULL with a non-zero count"));
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const loradb_tensor_t& t = tensors[i];
+    loradb::TensorView v;
+    if (!ToString(t.name, t.name_len, &v.name) || v.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] has no name"));
+    }
+    if (!ToDType(t.dtype, &v.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] has an unknown dtype"));
+    }
+    if (t.shape == nullptr && t.ndim > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] shape is NULL"));
+    }
+    if (t.ndim > 8) return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] ndim > 8"));
+    v.shape.assign(t.shape, t.shape + t.ndim);
+    absl::StatusOr<uint64_t> expected = loradb::CheckedNumBytes(v.shape, v.dtype);
+    if (!expected.ok()) return expected.status();
+    if (*expected != t.nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] '", v.name, "': nbytes ",
+                                                     t.nbytes, " != ", *expected,
+                                                     " implied by shape and dtype"));
+    }
+    if (t.data == nullptr && t.nbytes > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] data is NULL"));
+    }
+    v.data = static_cast<const std::byte*>(t.data);
+    v.nbytes = t.nbytes;
+    out->push_back(std::move(v));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ToPublishOptions(const loradb_publish_options_t* in, loradb::PublishOptions* out) {
+  if (in == nullptr) return absl::OkStatus();
+  if (in->struct_size != sizeof(loradb_publish_options_t)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->struct_size is ", in->struct_size,
+        ", expected sizeof(loradb_publish_options_t) = ", sizeof(loradb_publish_options_t)));
+  }
+  if (!ToString(in->alias, in->alias_len, &out->alias)) {
+    return absl::InvalidArgumentError("options->alias is NULL with a non-zero length");
+  }
+  if (in->lora_r < 0) return absl::InvalidArgumentError("options->lora_r is negative");
+  if (in->use_rslora != 0 && in->use_rslora != 1) {
+    return absl::InvalidArgumentError("options->use_rslora must be 0 or 1");
+  }
+  out->parent = in->parent;
+  out->lora.r = in->lora_r;
+  out->lora.alpha = in->lora_alpha;
+  out->lora.use_rslora = in->use_rslora == 1;
+  return absl::OkStatus();
+}
+
+loradb_status_t FinishRevision(const absl::StatusOr<loradb::RevisionRecord>& rec,
+                               loradb_revision_info_t* out, char** errmsg) {
+  if (!rec.ok()) return Report(rec.status(), errmsg);
+  if (out != nullptr) FillRevision(*rec, out);
+  return LORADB_OK;
+}
+
+loradb_status_t ReturnJson(const nlohmann::json& j, char** json, size_t* json_len) {
+  std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  *json = CopyString(text);
+  if (*json == nullptr) return LORADB_INTERNAL;
+  if (json_len != nullptr) *json_len = text.size();
+  return LORADB_OK;
+}
+
+bool TensorsLive(const loradb_tensors_t* t) { return t != nullptr && Registry().Contains(t); }
+
+void FillView(const loradb::TensorView& t, loradb_tensor_view_t* view) {
+  const size_t size = view->struct_size;
+  std::memset(view, 0, sizeof(*view));
+  view->struct_size = size;
+  view->name = t.name.data();
+  view->name_len = t.name.size();
+  view->dtype = static_cast<loradb_dtype_t>(static_cast<int>(t.dtype));
+  view->shape = t.shape.data();
+  view->ndim = t.shape.size();
+  view->data = t.data;
+  view->nbytes = t.nbytes;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* loradb_version(void) { return "0.1.0"; }
+
+const char* loradb_status_name(loradb_status_t status) {
+  switch (status) {
+    case LORADB_OK:
+      return "LORADB_OK";
+    case LORADB_INVALID_ARGUMENT:
+      return "LORADB_INVALID_ARGUMENT";
+    case LORADB_NOT_FOUND:
+      return "LORADB_NOT_FOUND";
+    case LORADB_ALREADY_EXISTS:
+      return "LORADB_ALREADY_EXISTS";
+    case LORADB_CONFLICT:
+      return "LORADB_CONFLICT";
+    case LORADB_RESOURCE_EXHAUSTED:
+      return "LORADB_RESOURCE_EXHAUSTED";
+    case LORADB_UNAVAILABLE:
+      return "LORADB_UNAVAILABLE";
+    case LORADB_IO_ERROR:
+      return "LORADB_IO_ERROR";
+    case LORADB_CORRUPT:
+      return "LORADB_CORRUPT";
+    case LORADB_INTERNAL:
+      return "LORADB_INTERNAL";
+    case LORADB_UNIMPLEMENTED:
+      return "LORADB_UNIMPLEMENTED";
+    case LORADB_INVALID_HANDLE:
+      return "LORADB_INVALID_HANDLE";
+    case LORADB_OUT_OF_RANGE:
+      return "LORADB_OUT_OF_RANGE";
+  }
+  return "LORADB_UNKNOWN_STATUS";
+}
+
+void loradb_free(void* ptr) { std::free(ptr); }
+
+// ---- options
+
+loradb_status_t loradb_options_create(loradb_options_t** out) {
+  char** errmsg = nullptr;
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (out == nullptr) return LORADB_INVALID_ARGUMENT;
+    *out = new loradb_options_t();
+    Registry().Add(*out);
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_options_destroy(loradb_options_t** options) {
+  if (options == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (*options == nullptr) return LORADB_OK;
+  if (!Registry().Remove(*options)) return LORADB_INVALID_HANDLE;
+  delete *options;
+  *options = nullptr;
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_options_set_create_if_missing(loradb_options_t* options, int value) {
+  if (options == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
+  if (value != 0 && value != 1) return LORADB_INVALID_ARGUMENT;
+  options->options.create_if_missing = value == 1;
+  options->options.catalog.create_if_missing = value == 1;
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_options_set_blob_root(loradb_options_t* options, const char* path,
+                                             size_t path_len) {
+  char** errmsg = nullptr;
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (options == nullptr) return LORADB_INVALID_ARGUMENT;
+    if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
+    std::string root;
+    if (!ToString(path, path_len, &root)) return LORADB_INVALID_ARGUMENT;
+    options->options.blob_root = root;
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_options_set_no_sync(loradb_options_t* options, int value) {
+  if (options == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
+  if (value != 0 && value != 1) return LORADB_INVALID_ARGUMENT;
+  options->options.catalog.no_sync = value == 1;
+  return LORADB_OK;
+}
+
+// ---- store
+
+loradb_status_t loradb_open(const char* dir, size_t dir_len, const loradb_options_t* options,
+                            loradb_store_t** out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (out == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "out is NULL", errmsg);
+    *out = nullptr;
+    LORADB_C_STRING(path, dir, dir_len, "dir");
+    if (path.empty()) return Fail(LORADB_INVALID_ARGUMENT, "dir is empty", errmsg);
+    if (path.find('\0') != std::string::npos) {
+      return Fail(LORADB_INVALID_ARGUMENT, "dir contains a NUL byte", errmsg);
+    }
+    loradb::StoreOptions opts;
+    if (options != nullptr) {
+      if (!Registry().Contains(options)) {
+        return Fail(LORADB_INVALID_HANDLE, "options handle was destroyed", errmsg);
+      }
+      opts = options->options;
+    }
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(path, opts);
+    if (!store.ok()) return Report(store.status(), errmsg);
+    auto* handle = new loradb_store_t{std::move(*store)};
+    Registry().Add(handle);
+    *out = handle;
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_close(loradb_store_t** store) {
+  if (store == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (*store == nullptr) return LORADB_OK;
+  if (!Registry().Remove(*store)) return LORADB_INVALID_HANDLE;
+  delete *store;
+  *store = nullptr;
+  return LORADB_OK;
+}
+
+// ---- bases
+
+loradb_status_t loradb_base_add_modules(loradb_store_t* store, const char* name, size_t name_len,
+                                        const char* modules_json, size_t modules_json_len,
+                                        char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(n, name, name_len, "name");
+    LORADB_C_STRING(j, modules_json, modules_json_len, "modules_json");
+    return Report(store->store->AddBaseFromModuleTable(n, j).status(), errmsg);
+  });
+}
+
+loradb_status_t loradb_base_add_config(loradb_store_t* store, const char* name, size_t name_len,
+                                       const char* config_path, size_t config_path_len,
+                                       const char* weights, size_t weights_len, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(n, name, name_len, "name");
+    LORADB_C_STRING(c, config_path, config_path_len, "config_path");
+    LORADB_C_STRING(w, weights, weights_len, "weights");
+    return Report(store->store->AddBaseFromConfig(n, c, w).status(), errmsg);
+  });
+}
+
+loradb_status_t loradb_base_list(loradb_store_t* store, char** json, size_t* json_len,
+                                 char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    if (json == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "json is NULL", errmsg);
+    absl::StatusOr<std::vector<loradb::BaseRecord>> bases = store->store->ListBases();
+    if (!bases.ok()) return Report(bases.status(), errmsg);
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& b : *bases) {
+      arr.push_back(
+          {{"name", b.name}, {"family", b.arch.family}, {"module_count", b.modules.size()}});
+    }
+    return ReturnJson(arr, json, json_len);
+  });
+}
+
+// ---- policies
+
+loradb_status_t loradb_policy_create(loradb_store_t* store, const char* name, size_t name_len,
+                                     const char* base, size_t base_len, const char* labels_json,
+                                     size_t labels_json_len, uint64_t* policy_id, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(n, name, name_len, "name");
+    LORADB_C_STRING(b, base, base_len, "base");
+    LORADB_C_STRING(l, labels_json, labels_json_len, "labels_json");
+    std::map<std::string, std::string> labels;
+    if (!l.empty()) {
+      nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object()) {
+        return Fail(LORADB_INVALID_ARGUMENT, "labels_json must be a JSON object", errmsg);
+      }
+      for (const auto& [k, v] : j.items()) {
+        if (!v.is_string()) {
+          return Fail(LORADB_INVALID_ARGUMENT, "label values must be strings", errmsg);
+        }
+        labels[k] = v.get<std::string>();
+      }
+    }
+    absl::StatusOr<loradb::PolicyRecord> p = store->store->CreatePolicy(n, b, labels);
+    if (!p.ok()) return Report(p.status(), errmsg);
+    if (policy_id != nullptr) *policy_id = p->id;
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_policy_archive(loradb_store_t* store, const char* name, size_t name_len,
+                                      int archived, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(n, name, name_len, "name");
+    if (archived != 0 && archived != 1) {
+      return Fail(LORADB_INVALID_ARGUMENT, "archived must be 0 or 1", errmsg);
+    }
+    return Report(store->store->ArchivePolicy(n, archived == 1), errmsg);
+  });
+}
+
+loradb_status_t loradb_policy_list(loradb_store_t* store, uint64_t after_id, size_t limit,
+                                   char** json, size_t* json_len, uint64_t* next_cursor,
+                                   char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    if (json == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "json is NULL", errmsg);
+    if (limit < 1 || limit > 1000) {
+      return Fail(LORADB_INVALID_ARGUMENT, "limit must be 1..1000", errmsg);
+    }
+    absl::StatusOr<std::vector<loradb::PolicyRecord>> all = store->store->ListPolicies();
+    if (!all.ok()) return Report(all.status(), errmsg);
+    std::sort(all->begin(), all->end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+    nlohmann::json arr = nlohmann::json::array();
+    uint64_t next = 0;
+    for (const auto& p : *all) {
+      if (p.id <= after_id) continue;
+      if (arr.size() == limit) {
+        next = arr.back()["id"].get<uint64_t>();
+        break;
+      }
+      arr.push_back({{"id", p.id},
+                     {"name", p.name},
+                     {"base", p.base},
+                     {"archived", p.archived},
+                     {"next_seq", p.next_seq}});
+    }
+    if (next_cursor != nullptr) *next_cursor = next;
+    return ReturnJson(arr, json, json_len);
+  });
+}
+
+// ---- publishing
+
+loradb_status_t loradb_publish_tensors(loradb_store_t* store, const char* policy, size_t policy_len,
+                                       const loradb_tensor_t* tensors, size_t tensor_count,
+                                       const loradb_publish_options_t* options,
+                                       loradb_revision_info_t* out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
+    loradb::PublishOptions opts;
+    absl::Status st = ToPublishOptions(options, &opts);
+    if (!st.ok()) return Report(st, errmsg);
+    std::vector<loradb::TensorView> views;
+    st = ToViews(tensors, tensor_count, "tensors", &views);
+    if (!st.ok()) return Report(st, errmsg);
+    return FinishRevision(store->store->PublishTensors(p, views, opts), out, errmsg);
+  });
+}
+
+loradb_status_t loradb_publish_peft_dir(loradb_store_t* store, const char* policy,
+                                        size_t policy_len, const char* dir, size_t dir_len,
+                                        const loradb_publish_options_t* options,
+                                        loradb_revision_info_t* out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(d, dir, dir_len, "dir");
+    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
+    loradb::PublishOptions opts;
+    absl::Status st = ToPublishOptions(options, &opts);
+    if (!st.ok()) return Report(st, errmsg);
+    opts.lora = loradb::LoraSettings();
+    return FinishRevision(store->store->PublishPeftDir(p, d, opts), out, errmsg);
+  });
+}
+
+loradb_status_t loradb_publish_safetensors(loradb_store_t* store, const char* policy,
+                                           size_t policy_len, const char* path, size_t path_len,
+                                           const loradb_publish_options_t* options,
+                                           loradb_revision_info_t* out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(f, path, path_len, "path");
+    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
+    loradb::PublishOptions opts;
+    absl::Status st = ToPublishOptions(options, &opts);
+    if (!st.ok()) return Report(st, errmsg);
+    return FinishRevision(store->store->PublishSafetensors(p, f, opts), out, errmsg);
+  });
+}
+
+// ---- revisions
+
+loradb_status_t loradb_revision_get(loradb_store_t* store, uint64_t id, loradb_revision_info_t* out,
+                                    char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
+    return FinishRevision(store->store->GetRevision(id), out, errmsg);
+  });
+}
+
+loradb_status_t loradb_revision_resolve(loradb_store_t* store, const char* ref, size_t ref_len,
+                                        loradb_revision_info_t* out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(r, ref, ref_len, "ref");
+    LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
+    return FinishRevision(store->store->Resolve(r), out, errmsg);
+  });
+}
+
+loradb_status_t loradb_revision_list(loradb_store_t* store, const char* policy, size_t policy_len,
+                                     uint64_t after_seq, loradb_revision_info_t* out,
+                                     size_t capacity, size_t* count, uint64_t* next_cursor,
+                                     char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    if (out == nullptr || count == nullptr) {
+      return Fail(LORADB_INVALID_ARGUMENT, "out and count must not be NULL", errmsg);
+    }
+    *count = 0;
+    if (capacity < 1 || capacity > 1000) {
+      return Fail(LORADB_INVALID_ARGUMENT, "capacity must be 1..1000", errmsg);
+    }
+    for (size_t i = 0; i < capacity; ++i) {
+      if (out[i].struct_size != sizeof(loradb_revision_info_t)) {
+        return Fail(LORADB_INVALID_ARGUMENT,
+                    absl::StrCat("out[", i, "].struct_size is ", out[i].struct_size,
+                                 ", expected sizeof(loradb_revision_info_t) = ",
+                                 sizeof(loradb_revision_info_t)),
+                    errmsg);
+      }
+    }
+    absl::StatusOr<loradb::Page<loradb::RevisionRecord>> page =
+        store->store->ListRevisions(p, after_seq, capacity);
+    if (!page.ok()) return Report(page.status(), errmsg);
+    for (size_t i = 0; i < page->items.size() && i < capacity; ++i) {
+      FillRevision(page->items[i], &out[i]);
+    }
+    *count = std::min(page->items.size(), capacity);
+    if (next_cursor != nullptr) *next_cursor = page->next_after.value_or(0);
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_revision_delete(loradb_store_t* store, uint64_t id, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    return Report(store->store->DeleteRevision(id), errmsg);
+  });
+}
+
+loradb_status_t loradb_revision_read_tensors(loradb_store_t* store, uint64_t id,
+                                             loradb_tensors_t** out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    if (out == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "out is NULL", errmsg);
+    *out = nullptr;
+    absl::StatusOr<loradb::RevisionRecord> rev = store->store->GetRevision(id);
+    if (!rev.ok()) return Report(rev.status(), errmsg);
+    absl::StatusOr<loradb::TensorSet> set = store->store->ReadTensors(*rev);
+    if (!set.ok()) return Report(set.status(), errmsg);
+    auto* handle = new loradb_tensors_t{std::move(*set)};
+    Registry().Add(handle);
+    *out = handle;
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_revision_export_peft(loradb_store_t* store, uint64_t id, const char* out_dir,
+                                            size_t out_dir_len, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(d, out_dir, out_dir_len, "out_dir");
+    if (d.empty()) return Fail(LORADB_INVALID_ARGUMENT, "out_dir is empty", errmsg);
+    absl::StatusOr<loradb::RevisionRecord> rev = store->store->GetRevision(id);
+    if (!rev.ok()) return Report(rev.status(), errmsg);
+    return Report(store->store->ExportPeftDir(*rev, d), errmsg);
+  });
+}
+
+// ---- tensors
+
+size_t loradb_tensors_count(const loradb_tensors_t* tensors) {
+  return TensorsLive(tensors) ? tensors->set.size() : 0;
+}
+
+loradb_status_t loradb_tensors_at(const loradb_tensors_t* tensors, size_t index,
+                                  loradb_tensor_view_t* view) {
+  if (tensors == nullptr || view == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!TensorsLive(tensors)) return LORADB_INVALID_HANDLE;
+  if (view->struct_size != sizeof(loradb_tensor_view_t)) return LORADB_INVALID_ARGUMENT;
+  if (index >= tensors->set.size()) return LORADB_OUT_OF_RANGE;
+  FillView(tensors->set.tensors()[index], view);
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_tensors_find(const loradb_tensors_t* tensors, const char* name,
+                                    size_t name_len, loradb_tensor_view_t* view) {
+  char** errmsg = nullptr;
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (tensors == nullptr || view == nullptr) return LORADB_INVALID_ARGUMENT;
+    if (!TensorsLive(tensors)) return LORADB_INVALID_HANDLE;
+    if (view->struct_size != sizeof(loradb_tensor_view_t)) return LORADB_INVALID_ARGUMENT;
+    std::string n;
+    if (!ToString(name, name_len, &n)) return LORADB_INVALID_ARGUMENT;
+    const loradb::TensorView* t = tensors->set.Find(n);
+    if (t == nullptr) return LORADB_NOT_FOUND;
+    FillView(*t, view);
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_tensors_destroy(loradb_tensors_t** tensors) {
+  if (tensors == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (*tensors == nullptr) return LORADB_OK;
+  if (!Registry().Remove(*tensors)) return LORADB_INVALID_HANDLE;
+  delete *tensors;
+  *tensors = nullptr;
+  return LORADB_OK;
+}
+
+// ---- aliases
+
+loradb_status_t loradb_alias_set(loradb_store_t* store, const char* policy, size_t policy_len,
+                                 const char* alias, size_t alias_len, uint64_t revision,
+                                 const char* reason, size_t reason_len, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(a, alias, alias_len, "alias");
+    LORADB_C_STRING(r, reason, reason_len, "reason");
+    return Report(store->store->SetAlias(p, a, revision, r.empty() ? "set" : r), errmsg);
+  });
+}
+
+loradb_status_t loradb_alias_rollback(loradb_store_t* store, const char* policy, size_t policy_len,
+                                      const char* alias, size_t alias_len, uint64_t* revision,
+                                      char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(a, alias, alias_len, "alias");
+    absl::StatusOr<uint64_t> now = store->store->Rollback(p, a);
+    if (!now.ok()) return Report(now.status(), errmsg);
+    if (revision != nullptr) *revision = *now;
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_alias_history(loradb_store_t* store, const char* policy, size_t policy_len,
+                                     const char* alias, size_t alias_len, char** json,
+                                     size_t* json_len, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(a, alias, alias_len, "alias");
+    if (json == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "json is NULL", errmsg);
+    absl::Status st = loradb::ValidateAliasName(a);
+    if (!st.ok()) return Report(st, errmsg);
+    absl::StatusOr<loradb::PolicyRecord> pol = store->store->GetPolicy(p);
+    if (!pol.ok()) return Report(pol.status(), errmsg);
+    absl::StatusOr<std::vector<loradb::AliasLogEntry>> log =
+        store->store->catalog().AliasLog(pol->id, a);
+    if (!log.ok()) return Report(log.status(), errmsg);
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& e : *log) {
+      arr.push_back({{"time_us", e.time_us},
+                     {"from_revision", e.from_revision},
+                     {"to_revision", e.to_revision},
+                     {"reason", e.reason}});
+    }
+    return ReturnJson(arr, json, json_len);
+  });
+}
+
+loradb_status_t loradb_locate(loradb_store_t* store, const char* policy, size_t policy_len,
+                              const char* alias, size_t alias_len, loradb_located_t* out,
+                              char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(a, alias, alias_len, "alias");
+    LORADB_C_CHECK_STRUCT(out, loradb_located_t);
+    absl::StatusOr<loradb::Located> l = store->store->Locate(p, a);
+    if (!l.ok()) return Report(l.status(), errmsg);
+    const size_t size = out->struct_size;
+    std::memset(out, 0, sizeof(*out));
+    out->struct_size = size;
+    out->base_name = CopyString(l->base.name);
+    out->blob_path = CopyString(l->location.blob_path);
+    if (out->base_name == nullptr || out->blob_path == nullptr) {
+      std::free(out->base_name);
+      std::free(out->blob_path);
+      out->base_name = out->blob_path = nullptr;
+      return Fail(LORADB_INTERNAL, "out of memory", errmsg);
+    }
+    out->checkpoint_id = l->checkpoint.has_value() ? l->checkpoint->id : 0;
+    out->revision_id = l->revision.id;
+    out->tier = static_cast<loradb_tier_t>(static_cast<int>(l->location.tier));
+    out->bytes = l->location.bytes;
+    return LORADB_OK;
+  });
+}
+
+// ---- checkpoints
+
+loradb_status_t loradb_checkpoint_put(loradb_store_t* store, const char* policy, size_t policy_len,
+                                      uint64_t step, uint64_t parent, const loradb_tensor_t* master,
+                                      size_t master_count, const loradb_tensor_t* optimizer,
+                                      size_t optimizer_count, const loradb_tensor_t* gradients,
+                                      size_t gradients_count, const char* scheduler_name,
+                                      size_t scheduler_name_len, int64_t scheduler_position,
+                                      const void* rng_state, size_t rng_state_len,
+                                      const void* rollout, size_t rollout_len,
+                                      loradb_checkpoint_info_t* out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(sched, scheduler_name, scheduler_name_len, "scheduler_name");
+    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_checkpoint_info_t);
+    if (master_count == 0) {
+      return Fail(LORADB_INVALID_ARGUMENT, "a checkpoint needs master tensors", errmsg);
+    }
+    if ((rng_state == nullptr && rng_state_len > 0) || (rollout == nullptr && rollout_len > 0)) {
+      return Fail(LORADB_INVALID_ARGUMENT, "rng_state/rollout is NULL with a non-zero length",
+                  errmsg);
+    }
+    loradb::CheckpointParts parts;
+    absl::Status st = ToViews(master, master_count, "master", &parts.master);
+    if (st.ok()) st = ToViews(optimizer, optimizer_count, "optimizer", &parts.optimizer);
+    if (st.ok()) st = ToViews(gradients, gradients_count, "gradients", &parts.gradients);
+    if (!st.ok()) return Report(st, errmsg);
+    parts.scheduler_name = sched;
+    parts.scheduler_position = scheduler_position;
+    if (rng_state_len > 0)
+      parts.rng_state.assign(static_cast<const char*>(rng_state), rng_state_len);
+    if (rollout_len > 0) parts.rollout.assign(static_cast<const char*>(rollout), rollout_len);
+    absl::StatusOr<loradb::CheckpointRecord> c =
+        store->store->PutCheckpoint(p, step, parent, parts);
+    if (!c.ok()) return Report(c.status(), errmsg);
+    if (out != nullptr) FillCheckpoint(*c, out);
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_checkpoint_get(loradb_store_t* store, uint64_t id,
+                                      loradb_checkpoint_info_t* out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_CHECK_STRUCT(out, loradb_checkpoint_info_t);
+    absl::StatusOr<loradb::CheckpointRecord> c = store->store->GetCheckpoint(id);
+    if (!c.ok()) return Report(c.status(), errmsg);
+    FillCheckpoint(*c, out);
+    return LORADB_OK;
+  });
+}
+
+// ---- verification
+
+loradb_status_t loradb_verify(loradb_store_t* store, int* ok, char** report_json,
+                              size_t* report_json_len, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    if (ok == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "ok is NULL", errmsg);
+    absl::StatusOr<loradb::VerifyReport> rep = store->store->Verify();
+    if (!rep.ok()) return Report(rep.status(), errmsg);
+    *ok = rep->ok() ? 1 : 0;
+    if (report_json != nullptr) {
+      nlohmann::json j = {{"ok", rep->ok()},
+                          {"problems", rep->problems},
+                          {"reclaimable", rep->reclaimable},
+                          {"blobs_checked", rep->blobs_checked},
+                          {"bytes_checked", rep->bytes_checked}};
+      return ReturnJson(j, report_json, report_json_len);
+    }
+    return LORADB_OK;
+  });
+}
+
+}  // extern "C"

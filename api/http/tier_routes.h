@@ -1,0 +1,20 @@
+// The /v1/ routes over the residency tiers attached to the Store (storage/tiers StoreTiers):
+// residency per tier, cache/device/loader stats, a revision's live tier, prefetch, evict, pin.
+#ifndef LORADB_API_HTTP_TIER_ROUTES_H_
+#define LORADB_API_HTTP_TIER_ROUTES_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "api/http/server.h"
+#include "storage/tiers/store_tiers.h"
+
+namespace loradb::http {
+
+// Adds the routes and a /metrics source. The routes share ownership of `tiers`; pins taken
+// through the API are released when the server (its routes) is destroyed.
+[[nodiscard]] absl::Status AddTierRoutes(std::shared_ptr<tiers::StoreTiers> tiers, Server* server);
+
+}  // namespace loradb::http
+
+#endif  // LORADB_API_HTTP_TIER_ROUTES_H_

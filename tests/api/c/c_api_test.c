@@ -1,0 +1,576 @@
+/* Tests of the loradb C API, compiled as C11 (not C++): the whole lifecycle (open, bases,
+ * policies, publish, read tensors, aliases, rollback, locate, checkpoints, verify, export and
+ * re-import) and misuse: NULL handles and pointers, double close, use after close, wrong struct
+ * sizes and tensor sizes. A tiny runner prints "N passed, N failed" and exits non-zero on any
+ * failure. */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "loradb.h"
+
+static int g_passed = 0, g_failed = 0, g_current_failed = 0;
+
+#define CHECK(cond)                                                              \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      fprintf(stderr, "  %s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      g_current_failed = 1;                                                      \
+    }                                                                            \
+  } while (0)
+
+#define CHECK_CODE(expr, code)                                                             \
+  do {                                                                                     \
+    loradb_status_t got_ = (expr);                                                         \
+    if (got_ != (code)) {                                                                  \
+      fprintf(stderr, "  %s:%d: %s returned %s, expected %s\n", __FILE__, __LINE__, #expr, \
+              loradb_status_name(got_), loradb_status_name(code));                         \
+      g_current_failed = 1;                                                                \
+    }                                                                                      \
+  } while (0)
+
+#define S(lit) (lit), (sizeof(lit) - 1)
+
+static void run_test(const char* name, void (*fn)(void)) {
+  g_current_failed = 0;
+  fn();
+  if (g_current_failed) {
+    ++g_failed;
+    printf("FAIL %s\n", name);
+  } else {
+    ++g_passed;
+    printf("ok   %s\n", name);
+  }
+}
+
+/* ---- helpers */
+
+static char g_tmp[256];
+
+static int remove_entry(const char* path, const struct stat* sb, int flag, struct FTW* ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+static void make_tmp(void) {
+  const char* base = getenv("TMPDIR");
+  snprintf(g_tmp, sizeof(g_tmp), "%s/loradb-c-test-XXXXXX", base != NULL ? base : "/tmp");
+  if (mkdtemp(g_tmp) == NULL) {
+    perror("mkdtemp");
+    exit(2);
+  }
+}
+
+static void remove_tmp(void) { nftw(g_tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static const char* path_in_tmp(const char* name, char* buf, size_t cap) {
+  snprintf(buf, cap, "%s/%s", g_tmp, name);
+  return buf;
+}
+
+/* A rank-2 F32 adapter for the "tiny" base: q_proj (in 8, out 16) and k_proj (in 8, out 4). */
+typedef struct {
+  float a_q[2 * 8], b_q[16 * 2], a_k[2 * 8], b_k[4 * 2];
+  int64_t shape_a[2], shape_bq[2], shape_bk[2];
+  loradb_tensor_t t[4];
+} adapter_t;
+
+static void make_adapter(adapter_t* ad, float seed) {
+  size_t i;
+  for (i = 0; i < 16; ++i) ad->a_q[i] = seed + (float)i;
+  for (i = 0; i < 32; ++i) ad->b_q[i] = seed - (float)i;
+  for (i = 0; i < 16; ++i) ad->a_k[i] = seed * 2 + (float)i;
+  for (i = 0; i < 8; ++i) ad->b_k[i] = seed * 3 + (float)i;
+  ad->shape_a[0] = 2;
+  ad->shape_a[1] = 8;
+  ad->shape_bq[0] = 16;
+  ad->shape_bq[1] = 2;
+  ad->shape_bk[0] = 4;
+  ad->shape_bk[1] = 2;
+  {
+    const char* names[4] = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                            "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+                            "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight",
+                            "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"};
+    const void* data[4] = {ad->a_q, ad->b_q, ad->a_k, ad->b_k};
+    const int64_t* shapes[4] = {ad->shape_a, ad->shape_bq, ad->shape_a, ad->shape_bk};
+    size_t bytes[4] = {sizeof(ad->a_q), sizeof(ad->b_q), sizeof(ad->a_k), sizeof(ad->b_k)};
+    for (i = 0; i < 4; ++i) {
+      ad->t[i].name = names[i];
+      ad->t[i].name_len = strlen(names[i]);
+      ad->t[i].dtype = LORADB_DTYPE_F32;
+      ad->t[i].shape = shapes[i];
+      ad->t[i].ndim = 2;
+      ad->t[i].data = data[i];
+      ad->t[i].nbytes = bytes[i];
+    }
+  }
+}
+
+static const char kModules[] =
+    "{\"modules\": [{\"name\": \"layers.0.self_attn.q_proj\", \"in\": 8, \"out\": 16},"
+    " {\"name\": \"layers.0.self_attn.k_proj\", \"in\": 8, \"out\": 4}]}";
+
+/* Opens a fresh store with base "tiny" and policy "team/a". */
+static loradb_store_t* open_fixture(void) {
+  char path[512];
+  loradb_store_t* store = NULL;
+  char* err = NULL;
+  path_in_tmp("store", path, sizeof(path));
+  CHECK_CODE(loradb_open(path, strlen(path), NULL, &store, &err), LORADB_OK);
+  CHECK(err == NULL);
+  CHECK(store != NULL);
+  CHECK_CODE(loradb_base_add_modules(store, S("tiny"), S(kModules), NULL), LORADB_OK);
+  CHECK_CODE(
+      loradb_policy_create(store, S("team/a"), S("tiny"), S("{\"owner\":\"c\"}"), NULL, NULL),
+      LORADB_OK);
+  return store;
+}
+
+static loradb_revision_info_t info_init(void) {
+  loradb_revision_info_t info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  return info;
+}
+
+static uint64_t publish(loradb_store_t* store, float seed, const char* alias) {
+  adapter_t ad;
+  loradb_publish_options_t opts;
+  loradb_revision_info_t info = info_init();
+  char* err = NULL;
+  make_adapter(&ad, seed);
+  memset(&opts, 0, sizeof(opts));
+  opts.struct_size = sizeof(opts);
+  opts.alias = alias;
+  opts.alias_len = alias != NULL ? strlen(alias) : 0;
+  CHECK_CODE(loradb_publish_tensors(store, S("team/a"), ad.t, 4, &opts, &info, &err), LORADB_OK);
+  if (err != NULL) {
+    fprintf(stderr, "  publish: %s\n", err);
+    loradb_free(err);
+  }
+  return info.id;
+}
+
+/* ---- tests */
+
+static void test_version_and_status_names(void) {
+  CHECK(strcmp(loradb_version(), "0.1.0") == 0);
+  CHECK(strcmp(loradb_status_name(LORADB_NOT_FOUND), "LORADB_NOT_FOUND") == 0);
+  CHECK(strcmp(loradb_status_name((loradb_status_t)999), "LORADB_UNKNOWN_STATUS") == 0);
+  loradb_free(NULL);
+}
+
+static void test_open_misuse_and_options(void) {
+  char path[512];
+  loradb_store_t* store = NULL;
+  loradb_options_t* opts = NULL;
+  loradb_options_t* stale = NULL;
+  char* err = NULL;
+  path_in_tmp("missing", path, sizeof(path));
+  CHECK_CODE(loradb_open(path, strlen(path), NULL, NULL, &err), LORADB_INVALID_ARGUMENT);
+  CHECK(err != NULL && strstr(err, "out") != NULL);
+  loradb_free(err);
+  CHECK_CODE(loradb_open(NULL, 5, NULL, &store, NULL), LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_open("", 0, NULL, &store, NULL), LORADB_INVALID_ARGUMENT);
+  CHECK(store == NULL);
+
+  CHECK_CODE(loradb_options_create(NULL), LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_options_create(&opts), LORADB_OK);
+  CHECK_CODE(loradb_options_set_create_if_missing(opts, 2), LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_options_set_create_if_missing(opts, 0), LORADB_OK);
+  CHECK_CODE(loradb_options_set_no_sync(opts, 1), LORADB_OK);
+  CHECK_CODE(loradb_options_set_blob_root(opts, NULL, 3), LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_open(path, strlen(path), opts, &store, &err), LORADB_NOT_FOUND);
+  CHECK(err != NULL);
+  loradb_free(err);
+  CHECK(store == NULL);
+  CHECK(access(path, F_OK) != 0); /* nothing was created */
+
+  stale = opts;
+  CHECK_CODE(loradb_options_destroy(&opts), LORADB_OK);
+  CHECK(opts == NULL);
+  CHECK_CODE(loradb_options_destroy(&opts), LORADB_OK);              /* NULL handle: no-op */
+  CHECK_CODE(loradb_options_destroy(&stale), LORADB_INVALID_HANDLE); /* stale copy */
+  CHECK_CODE(loradb_options_set_no_sync(stale, 1), LORADB_INVALID_HANDLE);
+  CHECK_CODE(loradb_open(path, strlen(path), stale, &store, NULL), LORADB_INVALID_HANDLE);
+  CHECK_CODE(loradb_options_destroy(NULL), LORADB_INVALID_ARGUMENT);
+}
+
+static void test_null_and_closed_store_handles(void) {
+  loradb_store_t* store = open_fixture();
+  loradb_store_t* stale = store;
+  loradb_revision_info_t info = info_init();
+  char* err = NULL;
+  CHECK_CODE(loradb_revision_get(NULL, 1, &info, &err), LORADB_INVALID_ARGUMENT);
+  CHECK(err != NULL);
+  loradb_free(err);
+  CHECK_CODE(loradb_policy_create(NULL, S("x"), S("tiny"), NULL, 0, NULL, NULL),
+             LORADB_INVALID_ARGUMENT);
+
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+  CHECK(store == NULL);
+  CHECK_CODE(loradb_close(&store), LORADB_OK); /* double close through the nulled handle */
+  CHECK_CODE(loradb_close(&stale), LORADB_INVALID_HANDLE); /* double close through a copy */
+  CHECK_CODE(loradb_close(NULL), LORADB_INVALID_ARGUMENT);
+  /* Use after close through a stale copy is detected, not a crash. */
+  CHECK_CODE(loradb_revision_get(stale, 1, &info, &err), LORADB_INVALID_HANDLE);
+  CHECK(err != NULL && strstr(err, "closed") != NULL);
+  loradb_free(err);
+  CHECK_CODE(loradb_alias_set(stale, S("team/a"), S("serving"), 1, NULL, 0, NULL),
+             LORADB_INVALID_HANDLE);
+}
+
+static void test_bases_and_policies(void) {
+  loradb_store_t* store = open_fixture();
+  char* json = NULL;
+  size_t len = 0;
+  uint64_t next = 99, id = 0;
+  char* err = NULL;
+  CHECK_CODE(loradb_base_add_modules(store, S("tiny"), S(kModules), NULL), LORADB_ALREADY_EXISTS);
+  CHECK_CODE(loradb_base_add_modules(store, S("bad"), S("{not json"), &err),
+             LORADB_INVALID_ARGUMENT);
+  CHECK(err != NULL);
+  loradb_free(err);
+  CHECK_CODE(loradb_base_list(store, &json, &len, NULL), LORADB_OK);
+  CHECK(json != NULL && strlen(json) == len && strstr(json, "\"tiny\"") != NULL);
+  loradb_free(json);
+  CHECK_CODE(loradb_base_list(store, NULL, &len, NULL), LORADB_INVALID_ARGUMENT);
+
+  CHECK_CODE(loradb_policy_create(store, S("team/a"), S("tiny"), NULL, 0, NULL, NULL),
+             LORADB_ALREADY_EXISTS);
+  CHECK_CODE(loradb_policy_create(store, S("team/b"), S("nobase"), NULL, 0, NULL, NULL),
+             LORADB_NOT_FOUND);
+  CHECK_CODE(loradb_policy_create(store, S("../etc"), S("tiny"), NULL, 0, NULL, NULL),
+             LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_policy_create(store, S("team/b"), S("tiny"), S("[1]"), NULL, NULL),
+             LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_policy_create(store, S("team/b"), S("tiny"), NULL, 0, &id, NULL), LORADB_OK);
+  CHECK(id > 0);
+  CHECK_CODE(loradb_policy_create(store, S("team/c"), S("tiny"), NULL, 0, NULL, NULL), LORADB_OK);
+  CHECK_CODE(loradb_policy_list(store, 0, 2, &json, &len, &next, NULL), LORADB_OK);
+  CHECK(strstr(json, "team/a") != NULL && strstr(json, "team/b") != NULL);
+  CHECK(strstr(json, "team/c") == NULL);
+  CHECK(next != 0);
+  loradb_free(json);
+  CHECK_CODE(loradb_policy_list(store, next, 2, &json, &len, &next, NULL), LORADB_OK);
+  CHECK(strstr(json, "team/c") != NULL);
+  CHECK(next == 0);
+  loradb_free(json);
+  CHECK_CODE(loradb_policy_list(store, 0, 0, &json, &len, &next, NULL), LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_policy_archive(store, S("team/c"), 1, NULL), LORADB_OK);
+  CHECK_CODE(loradb_policy_archive(store, S("team/c"), 7, NULL), LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_policy_archive(store, S("team/zz"), 1, NULL), LORADB_NOT_FOUND);
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
+static void test_publish_read_and_wrong_sizes(void) {
+  loradb_store_t* store = open_fixture();
+  adapter_t ad;
+  loradb_revision_info_t info = info_init();
+  loradb_tensors_t* tensors = NULL;
+  loradb_tensors_t* stale = NULL;
+  loradb_tensor_view_t view;
+  char* err = NULL;
+  uint64_t id;
+  size_t i;
+  make_adapter(&ad, 1.0f);
+
+  /* nbytes that does not match shape x dtype */
+  ad.t[1].nbytes -= 4;
+  CHECK_CODE(loradb_publish_tensors(store, S("team/a"), ad.t, 4, NULL, &info, &err),
+             LORADB_INVALID_ARGUMENT);
+  CHECK(err != NULL && strstr(err, "nbytes") != NULL);
+  loradb_free(err);
+  make_adapter(&ad, 1.0f);
+  ad.t[0].data = NULL;
+  CHECK_CODE(loradb_publish_tensors(store, S("team/a"), ad.t, 4, NULL, NULL, NULL),
+             LORADB_INVALID_ARGUMENT);
+  make_adapter(&ad, 1.0f);
+  ad.t[2].dtype = (loradb_dtype_t)77;
+  CHECK_CODE(loradb_publish_tensors(store, S("team/a"), ad.t, 4, NULL, NULL, NULL),
+             LORADB_INVALID_ARGUMENT);
+  make_adapter(&ad, 1.0f);
+  CHECK_CODE(loradb_publish_tensors(store, S("team/a"), NULL, 4, NULL, NULL, NULL),
+             LORADB_INVALID_ARGUMENT);
+  /* shapes that do not fit the base (k_proj out 4, here 16) */
+  ad.t[3].shape = ad.shape_bq;
+  ad.t[3].nbytes = sizeof(ad.b_q);
+  ad.t[3].data = ad.b_q;
+  CHECK_CODE(loradb_publish_tensors(store, S("team/a"), ad.t, 4, NULL, NULL, &err),
+             LORADB_INVALID_ARGUMENT);
+  CHECK(err != NULL && strstr(err, "k_proj") != NULL);
+  loradb_free(err);
+  /* wrong struct_size */
+  make_adapter(&ad, 1.0f);
+  info.struct_size = sizeof(info) - 8;
+  CHECK_CODE(loradb_publish_tensors(store, S("team/a"), ad.t, 4, NULL, &info, &err),
+             LORADB_INVALID_ARGUMENT);
+  CHECK(err != NULL && strstr(err, "struct_size") != NULL);
+  loradb_free(err);
+  {
+    loradb_publish_options_t opts;
+    memset(&opts, 0, sizeof(opts));
+    opts.struct_size = 3;
+    CHECK_CODE(loradb_publish_tensors(store, S("team/a"), ad.t, 4, &opts, NULL, NULL),
+               LORADB_INVALID_ARGUMENT);
+  }
+  /* Nothing was published by the failures. */
+  info = info_init();
+  CHECK_CODE(loradb_revision_resolve(store, S("team/a:latest"), &info, NULL), LORADB_NOT_FOUND);
+
+  id = publish(store, 1.0f, "serving");
+  CHECK(id > 0);
+  CHECK_CODE(loradb_revision_get(store, id, &info, NULL), LORADB_OK);
+  CHECK(info.seq == 1 && info.tensor_count == 4 && info.lora_r == 2 && info.deleted == 0);
+  CHECK(strlen(info.blob_hash) == 32);
+  info.struct_size = 0;
+  CHECK_CODE(loradb_revision_get(store, id, &info, NULL), LORADB_INVALID_ARGUMENT);
+  info = info_init();
+  CHECK_CODE(loradb_revision_get(store, id + 1000, &info, NULL), LORADB_NOT_FOUND);
+  CHECK_CODE(loradb_revision_resolve(store, S("team/a:serving"), &info, NULL), LORADB_OK);
+  CHECK(info.id == id);
+  CHECK_CODE(loradb_revision_resolve(store, S("team/a@1"), &info, NULL), LORADB_OK);
+  CHECK(info.id == id);
+  CHECK_CODE(loradb_revision_resolve(store, S("???"), &info, NULL), LORADB_INVALID_ARGUMENT);
+
+  CHECK_CODE(loradb_revision_read_tensors(store, id, &tensors, &err), LORADB_OK);
+  CHECK(loradb_tensors_count(tensors) == 4);
+  memset(&view, 0, sizeof(view));
+  view.struct_size = sizeof(view);
+  CHECK_CODE(loradb_tensors_find(tensors, ad.t[1].name, ad.t[1].name_len, &view), LORADB_OK);
+  CHECK(view.dtype == LORADB_DTYPE_F32 && view.ndim == 2 && view.shape[0] == 16);
+  CHECK(view.nbytes == sizeof(ad.b_q) && memcmp(view.data, ad.b_q, view.nbytes) == 0);
+  for (i = 0; i < 4; ++i) CHECK_CODE(loradb_tensors_at(tensors, i, &view), LORADB_OK);
+  CHECK_CODE(loradb_tensors_at(tensors, 4, &view), LORADB_OUT_OF_RANGE);
+  CHECK_CODE(loradb_tensors_find(tensors, S("nope"), &view), LORADB_NOT_FOUND);
+  view.struct_size = 1;
+  CHECK_CODE(loradb_tensors_at(tensors, 0, &view), LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_tensors_at(NULL, 0, &view), LORADB_INVALID_ARGUMENT);
+  /* Tensors outlive the store they were read from. */
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+  view.struct_size = sizeof(view);
+  CHECK_CODE(loradb_tensors_at(tensors, 0, &view), LORADB_OK);
+  stale = tensors;
+  CHECK_CODE(loradb_tensors_destroy(&tensors), LORADB_OK);
+  CHECK(tensors == NULL);
+  CHECK_CODE(loradb_tensors_destroy(&tensors), LORADB_OK);
+  CHECK_CODE(loradb_tensors_destroy(&stale), LORADB_INVALID_HANDLE);
+  CHECK(loradb_tensors_count(stale) == 0);
+  CHECK_CODE(loradb_tensors_at(stale, 0, &view), LORADB_INVALID_HANDLE);
+  CHECK_CODE(loradb_tensors_destroy(NULL), LORADB_INVALID_ARGUMENT);
+}
+
+static void test_list_aliases_rollback_delete(void) {
+  loradb_store_t* store = open_fixture();
+  loradb_revision_info_t page[2];
+  size_t count = 0;
+  uint64_t next = 0, ids[3], now = 0;
+  char* json = NULL;
+  char* err = NULL;
+  ids[0] = publish(store, 1.0f, "serving");
+  ids[1] = publish(store, 2.0f, NULL);
+  ids[2] = publish(store, 3.0f, NULL);
+  page[0] = info_init();
+  page[1] = info_init();
+  CHECK_CODE(loradb_revision_list(store, S("team/a"), 0, page, 2, &count, &next, NULL), LORADB_OK);
+  CHECK(count == 2 && page[0].id == ids[0] && page[1].id == ids[1] && next == 2);
+  CHECK_CODE(loradb_revision_list(store, S("team/a"), next, page, 2, &count, &next, NULL),
+             LORADB_OK);
+  CHECK(count == 1 && page[0].id == ids[2] && next == 0);
+  page[1].struct_size = 5;
+  CHECK_CODE(loradb_revision_list(store, S("team/a"), 0, page, 2, &count, &next, NULL),
+             LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_revision_list(store, S("team/a"), 0, page, 0, &count, &next, NULL),
+             LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_revision_list(store, S("team/zz"), 0, page, 1, &count, &next, NULL),
+             LORADB_NOT_FOUND);
+
+  CHECK_CODE(loradb_alias_set(store, S("team/a"), S("serving"), ids[2], S("promote"), NULL),
+             LORADB_OK);
+  CHECK_CODE(loradb_alias_set(store, S("team/a"), S("bad alias"), ids[2], NULL, 0, NULL),
+             LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_alias_set(store, S("team/a"), S("serving"), 999999, NULL, 0, &err),
+             LORADB_NOT_FOUND);
+  loradb_free(err);
+  CHECK_CODE(loradb_revision_delete(store, ids[2], &err), LORADB_CONFLICT);
+  CHECK(err != NULL);
+  loradb_free(err);
+  CHECK_CODE(loradb_alias_history(store, S("team/a"), S("serving"), &json, NULL, NULL), LORADB_OK);
+  CHECK(json != NULL && strstr(json, "promote") != NULL);
+  loradb_free(json);
+  CHECK_CODE(loradb_alias_rollback(store, S("team/a"), S("serving"), &now, NULL), LORADB_OK);
+  CHECK(now == ids[0]);
+  CHECK_CODE(loradb_revision_delete(store, ids[2], NULL), LORADB_OK);
+  CHECK_CODE(loradb_revision_delete(store, ids[2], NULL), LORADB_CONFLICT);
+  CHECK_CODE(loradb_revision_delete(store, 424242, NULL), LORADB_NOT_FOUND);
+  {
+    loradb_located_t loc;
+    memset(&loc, 0, sizeof(loc));
+    loc.struct_size = sizeof(loc);
+    CHECK_CODE(loradb_locate(store, S("team/a"), S("serving"), &loc, NULL), LORADB_OK);
+    CHECK(loc.revision_id == ids[0] && loc.tier == LORADB_TIER_STORAGE);
+    CHECK(loc.base_name != NULL && strcmp(loc.base_name, "tiny") == 0);
+    CHECK(loc.blob_path != NULL && access(loc.blob_path, R_OK) == 0);
+    loradb_free(loc.base_name);
+    loradb_free(loc.blob_path);
+    loc.struct_size = 0;
+    CHECK_CODE(loradb_locate(store, S("team/a"), S("serving"), &loc, NULL),
+               LORADB_INVALID_ARGUMENT);
+    loc.struct_size = sizeof(loc);
+    CHECK_CODE(loradb_locate(store, S("team/a"), S("canary"), &loc, NULL), LORADB_NOT_FOUND);
+  }
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
+static void test_checkpoints_verify_export_reimport(void) {
+  loradb_store_t* store = open_fixture();
+  adapter_t ad;
+  loradb_checkpoint_info_t ck;
+  loradb_revision_info_t info = info_init();
+  char dir[512];
+  char file[600];
+  char* report = NULL;
+  int ok = 0;
+  uint64_t id = publish(store, 5.0f, "serving");
+  make_adapter(&ad, 9.0f);
+  memset(&ck, 0, sizeof(ck));
+  ck.struct_size = sizeof(ck);
+  CHECK_CODE(loradb_checkpoint_put(store, S("team/a"), 10, 0, ad.t, 2, ad.t + 2, 2, NULL, 0,
+                                   S("cosine"), 10, "rng", 3, NULL, 0, &ck, NULL),
+             LORADB_OK);
+  CHECK(ck.id > 0 && ck.step == 10 && ck.master_bytes > 0 && ck.optimizer_bytes > 0);
+  {
+    loradb_checkpoint_info_t got;
+    memset(&got, 0, sizeof(got));
+    got.struct_size = sizeof(got);
+    CHECK_CODE(loradb_checkpoint_get(store, ck.id, &got, NULL), LORADB_OK);
+    CHECK(got.step == 10 && got.scheduler_position == 10);
+    CHECK_CODE(loradb_checkpoint_get(store, ck.id + 77, &got, NULL), LORADB_NOT_FOUND);
+  }
+  CHECK_CODE(loradb_checkpoint_put(store, S("team/a"), 11, 0, NULL, 0, NULL, 0, NULL, 0, NULL, 0, 0,
+                                   NULL, 0, NULL, 0, NULL, NULL),
+             LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_checkpoint_put(store, S("team/a"), 11, 0, ad.t, 2, NULL, 0, NULL, 0, NULL, 0, 0,
+                                   NULL, 5, NULL, 0, NULL, NULL),
+             LORADB_INVALID_ARGUMENT);
+
+  CHECK_CODE(loradb_verify(store, &ok, &report, NULL, NULL), LORADB_OK);
+  CHECK(ok == 1 && report != NULL && strstr(report, "\"ok\":true") != NULL);
+  loradb_free(report);
+  CHECK_CODE(loradb_verify(store, NULL, NULL, NULL, NULL), LORADB_INVALID_ARGUMENT);
+
+  path_in_tmp("export", dir, sizeof(dir));
+  CHECK_CODE(loradb_revision_export_peft(store, id, dir, strlen(dir), NULL), LORADB_OK);
+  snprintf(file, sizeof(file), "%s/adapter_model.safetensors", dir);
+  CHECK(access(file, R_OK) == 0);
+  CHECK_CODE(loradb_publish_peft_dir(store, S("team/a"), dir, strlen(dir), NULL, &info, NULL),
+             LORADB_OK);
+  CHECK(info.seq == 2 && info.tensor_count == 4 && info.lora_r == 2);
+  CHECK_CODE(loradb_publish_safetensors(store, S("team/a"), file, strlen(file), NULL, &info, NULL),
+             LORADB_OK);
+  CHECK(info.seq == 3);
+  CHECK_CODE(loradb_publish_peft_dir(store, S("team/a"), S("/nonexistent/dir"), NULL, NULL, NULL),
+             LORADB_NOT_FOUND);
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
+/* Several threads share one store handle: each publishes revisions to its own policy and reads
+ * them back (tensors included) while the others do the same. */
+typedef struct {
+  loradb_store_t* store;
+  int index;
+  int failures;
+} worker_t;
+
+static void* worker_main(void* arg) {
+  worker_t* w = (worker_t*)arg;
+  char policy[32];
+  int i;
+  snprintf(policy, sizeof(policy), "team/w%d", w->index);
+  if (loradb_policy_create(w->store, policy, strlen(policy), S("tiny"), NULL, 0, NULL, NULL) !=
+      LORADB_OK) {
+    ++w->failures;
+    return NULL;
+  }
+  for (i = 0; i < 10; ++i) {
+    adapter_t ad;
+    loradb_revision_info_t info = info_init();
+    loradb_revision_info_t got = info_init();
+    loradb_tensors_t* t = NULL;
+    loradb_tensor_view_t view;
+    make_adapter(&ad, (float)(w->index * 100 + i));
+    if (loradb_publish_tensors(w->store, policy, strlen(policy), ad.t, 4, NULL, &info, NULL) !=
+            LORADB_OK ||
+        loradb_revision_get(w->store, info.id, &got, NULL) != LORADB_OK ||
+        got.seq != (uint64_t)(i + 1) ||
+        loradb_revision_read_tensors(w->store, info.id, &t, NULL) != LORADB_OK) {
+      ++w->failures;
+      continue;
+    }
+    memset(&view, 0, sizeof(view));
+    view.struct_size = sizeof(view);
+    if (loradb_tensors_find(t, ad.t[0].name, ad.t[0].name_len, &view) != LORADB_OK ||
+        memcmp(view.data, ad.a_q, sizeof(ad.a_q)) != 0) {
+      ++w->failures;
+    }
+    loradb_tensors_destroy(&t);
+  }
+  return NULL;
+}
+
+static void test_threads_share_one_store(void) {
+  loradb_store_t* store = open_fixture();
+  pthread_t threads[4];
+  worker_t workers[4];
+  int i;
+  for (i = 0; i < 4; ++i) {
+    workers[i].store = store;
+    workers[i].index = i;
+    workers[i].failures = 0;
+    CHECK(pthread_create(&threads[i], NULL, worker_main, &workers[i]) == 0);
+  }
+  for (i = 0; i < 4; ++i) {
+    CHECK(pthread_join(threads[i], NULL) == 0);
+    CHECK(workers[i].failures == 0);
+  }
+  {
+    int ok = 0;
+    CHECK_CODE(loradb_verify(store, &ok, NULL, NULL, NULL), LORADB_OK);
+    CHECK(ok == 1);
+  }
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
+int main(void) {
+  make_tmp();
+  run_test("version_and_status_names", test_version_and_status_names);
+  run_test("open_misuse_and_options", test_open_misuse_and_options);
+  run_test("null_and_closed_store_handles", test_null_and_closed_store_handles);
+  remove_tmp();
+  make_tmp();
+  run_test("bases_and_policies", test_bases_and_policies);
+  remove_tmp();
+  make_tmp();
+  run_test("publish_read_and_wrong_sizes", test_publish_read_and_wrong_sizes);
+  remove_tmp();
+  make_tmp();
+  run_test("list_aliases_rollback_delete", test_list_aliases_rollback_delete);
+  remove_tmp();
+  make_tmp();
+  run_test("checkpoints_verify_export_reimport", test_checkpoints_verify_export_reimport);
+  remove_tmp();
+  make_tmp();
+  run_test("threads_share_one_store", test_threads_share_one_store);
+  remove_tmp();
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
