@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# loradb-test: args=loradb_cli,decoder_oracle_tool timeout=900 requires=loradb_compute
 """Oracle test for loradb's store-backed multi-LoRA decoder against transformers + peft.
 
 For the tiny dense and MoE configs: `loradb model init-random` writes a base checkpoint; peft
