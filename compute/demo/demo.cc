@@ -446,7 +446,7 @@ std::string DemoResult::Summary() const {
   if (!http_report.empty()) absl::StrAppend(&s, http_report, "\n");
   absl::StrAppend(&s, "\ntime per phase:\n");
   for (const auto& p : phases) absl::StrAppendFormat(&s, "  %-24s %7.1f s\n", p.phase, p.seconds);
-  absl::StrAppendFormat(&s, "\nstore: %s   base checkpoint: %s\n", store_dir, model_dir);
+  absl::StrAppendFormat(&s, "\nstore: %s/store   base checkpoint: %s\n", store_dir, model_dir);
   return s;
 }
 
