@@ -64,6 +64,7 @@ class StoreSteps:
         cfg, weights = os.path.join(model_dir, "config.json"), os.path.join(model_dir,
                                                                              "model.safetensors")
         if self.native:
+            run(self.cli, "--store", self.store, "init")
             run(self.cli, "--store", self.store, "base", "add", name, "--config", cfg,
                 "--weights", weights)
         else:
