@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/catalog/codec.h"
+#include "storage/catalog/key_encoding.h"
 #include "storage/util/fault_injection.h"
 #include "storage/util/file_util.h"
 #include "storage/util/status_macros.h"
@@ -80,19 +81,8 @@ absl::Status LmdbError(int rc, absl::string_view what) {
 
 // ---- key encodings (big-endian, so memcmp order is numeric order)
 
-void PutBE64(uint8_t* p, uint64_t v) {
-  for (int i = 7; i >= 0; --i) {
-    p[i] = static_cast<uint8_t>(v & 0xff);
-    v >>= 8;
-  }
-}
-
-uint64_t GetBE64(const void* data) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | p[i];
-  return v;
-}
+using catalog_keys::GetBE64;
+using catalog_keys::PutBE64;
 
 struct U64Key {
   explicit U64Key(uint64_t v) { PutBE64(b.data(), v); }
