@@ -58,24 +58,20 @@ void SetupBase(CLI::App* sub, Invocation* inv) {
   auto ls = sub->add_subcommand("ls", "list bases");
   auto json = std::make_shared<bool>(false);
   AddJsonFlag(ls, json.get());
-  ls->callback([inv, json] {
-    inv->run = [inv, json]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      auto bases = (*store)->ListBases();
-      if (!bases.ok()) return bases.status();
-      nlohmann::json out = nlohmann::json::array();
-      for (const auto& b : *bases) {
-        if (*json) {
-          out.push_back(BaseJson(b, false));
-        } else {
-          std::printf("%s\t%s\t%zu modules\t%s\n", b.name.c_str(), b.arch.family.c_str(),
-                      b.modules.size(), b.weights_fingerprint.c_str());
-        }
+  OnStore(ls, inv, [json](Store& store) -> absl::Status {
+    auto bases = store.ListBases();
+    if (!bases.ok()) return bases.status();
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& b : *bases) {
+      if (*json) {
+        out.push_back(BaseJson(b, false));
+      } else {
+        std::printf("%s\t%s\t%zu modules\t%s\n", b.name.c_str(), b.arch.family.c_str(),
+                    b.modules.size(), b.weights_fingerprint.c_str());
       }
-      if (*json) PrintJson(out);
-      return absl::OkStatus();
-    };
+    }
+    if (*json) PrintJson(out);
+    return absl::OkStatus();
   });
 }
 
@@ -129,26 +125,21 @@ void SetupPolicy(CLI::App* sub, Invocation* inv) {
   auto ls = sub->add_subcommand("ls", "list policies");
   auto json = std::make_shared<bool>(false);
   AddJsonFlag(ls, json.get());
-  ls->callback([inv, json] {
-    inv->run = [inv, json]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      auto ps = (*store)->ListPolicies();
-      if (!ps.ok()) return ps.status();
-      nlohmann::json out = nlohmann::json::array();
-      for (const auto& p : *ps) {
-        if (*json) {
-          out.push_back(PolicyJson(p));
-        } else {
-          std::printf("%llu\t%s\t%s\t%llu revisions%s\n", static_cast<unsigned long long>(p.id),
-                      p.name.c_str(), p.base.c_str(),
-                      static_cast<unsigned long long>(p.next_seq - 1),
-                      p.archived ? "\tarchived" : "");
-        }
+  OnStore(ls, inv, [json](Store& store) -> absl::Status {
+    auto ps = store.ListPolicies();
+    if (!ps.ok()) return ps.status();
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& p : *ps) {
+      if (*json) {
+        out.push_back(PolicyJson(p));
+      } else {
+        std::printf("%llu\t%s\t%s\t%llu revisions%s\n", static_cast<unsigned long long>(p.id),
+                    p.name.c_str(), p.base.c_str(), static_cast<unsigned long long>(p.next_seq - 1),
+                    p.archived ? "\tarchived" : "");
       }
-      if (*json) PrintJson(out);
-      return absl::OkStatus();
-    };
+    }
+    if (*json) PrintJson(out);
+    return absl::OkStatus();
   });
 }
 

@@ -24,38 +24,33 @@ void SetupImport(CLI::App* sub, Invocation* inv) {
   sub->add_option("PEFT_DIR", o->dir, "adapter_config.json + adapter_model.safetensors")
       ->required();
   AddJsonFlag(sub, &o->json);
-  sub->callback([inv, o] {
-    inv->run = [inv, o]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      auto policy = (*store)->GetPolicy(o->policy);
-      PublishOptions opts;
-      opts.alias = o->alias;
-      opts.pack = o->pack;
-      if (policy.ok()) {
-        if (!o->base.empty() && policy->base != o->base) {
-          return absl::InvalidArgumentError(absl::StrCat("policy '", o->policy,
-                                                         "' is bound to base '", policy->base,
-                                                         "', not '", o->base, "'"));
-        }
-      } else if (absl::IsNotFound(policy.status())) {
-        if (o->base.empty()) {
-          return absl::NotFoundError(
-              absl::StrCat("no policy named '", o->policy, "' (pass --base BASE to create it)"));
-        }
-        opts.create_policy_base = o->base;
-      } else {
-        return policy.status();
+  OnStore(sub, inv, [o](Store& store) -> absl::Status {
+    auto policy = store.GetPolicy(o->policy);
+    PublishOptions opts;
+    opts.alias = o->alias;
+    opts.pack = o->pack;
+    if (policy.ok()) {
+      if (!o->base.empty() && policy->base != o->base) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "policy '", o->policy, "' is bound to base '", policy->base, "', not '", o->base, "'"));
       }
-      auto rev = (*store)->PublishPeftDir(o->policy, o->dir, opts);
-      if (!rev.ok()) return rev.status();
-      if (o->json) {
-        PrintJson(RevisionJson(*rev, o->policy));
-      } else {
-        std::printf("%s\n", RevisionLine(*rev, o->policy).c_str());
+    } else if (absl::IsNotFound(policy.status())) {
+      if (o->base.empty()) {
+        return absl::NotFoundError(
+            absl::StrCat("no policy named '", o->policy, "' (pass --base BASE to create it)"));
       }
-      return absl::OkStatus();
-    };
+      opts.create_policy_base = o->base;
+    } else {
+      return policy.status();
+    }
+    auto rev = store.PublishPeftDir(o->policy, o->dir, opts);
+    if (!rev.ok()) return rev.status();
+    if (o->json) {
+      PrintJson(RevisionJson(*rev, o->policy));
+    } else {
+      std::printf("%s\n", RevisionLine(*rev, o->policy).c_str());
+    }
+    return absl::OkStatus();
   });
 }
 
@@ -69,25 +64,21 @@ void SetupExport(CLI::App* sub, Invocation* inv) {
   sub->add_option("REV", o->ref, "revision id, POLICY:ALIAS or POLICY@SEQ")->required();
   sub->add_option("OUT_DIR", o->out, "PEFT directory to write")->required();
   AddJsonFlag(sub, &o->json);
-  sub->callback([inv, o] {
-    inv->run = [inv, o]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      auto rev = (*store)->Resolve(o->ref);
-      if (!rev.ok()) return rev.status();
-      absl::Status st = (*store)->ExportPeftDir(*rev, o->out);
-      if (!st.ok()) return st;
-      PolicyNames names(**store);
-      if (o->json) {
-        nlohmann::json j = RevisionJson(*rev, names.Name(rev->policy_id));
-        j["out_dir"] = o->out;
-        PrintJson(j);
-      } else {
-        std::printf("exported revision %llu to %s\n", static_cast<unsigned long long>(rev->id),
-                    o->out.c_str());
-      }
-      return absl::OkStatus();
-    };
+  OnStore(sub, inv, [o](Store& store) -> absl::Status {
+    auto rev = store.Resolve(o->ref);
+    if (!rev.ok()) return rev.status();
+    absl::Status st = store.ExportPeftDir(*rev, o->out);
+    if (!st.ok()) return st;
+    PolicyNames names(store);
+    if (o->json) {
+      nlohmann::json j = RevisionJson(*rev, names.Name(rev->policy_id));
+      j["out_dir"] = o->out;
+      PrintJson(j);
+    } else {
+      std::printf("exported revision %llu to %s\n", static_cast<unsigned long long>(rev->id),
+                  o->out.c_str());
+    }
+    return absl::OkStatus();
   });
 }
 
@@ -105,33 +96,29 @@ void SetupLs(CLI::App* sub, Invocation* inv) {
   sub->add_option("--after", o->after,
                   "cursor: the `cursor` of the last item of the previous page");
   AddJsonFlag(sub, &o->json);
-  sub->callback([inv, o] {
-    inv->run = [inv, o]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      absl::StatusOr<Page<RevisionRecord>> page =
-          o->policy.empty() ? (*store)->ListAllRevisions(o->after, o->limit)
-                            : (*store)->ListRevisions(o->policy, o->after, o->limit);
-      if (!page.ok()) return page.status();
-      PolicyNames names(**store);
-      nlohmann::json out = nlohmann::json::array();
-      for (const auto& r : page->items) {
-        const std::string name = names.Name(r.policy_id);
-        if (o->json) {
-          nlohmann::json j = RevisionJson(r, name);
-          j["cursor"] = o->policy.empty() ? r.id : r.seq;
-          out.push_back(std::move(j));
-        } else {
-          std::printf("%s\n", RevisionLine(r, name).c_str());
-        }
+  OnStore(sub, inv, [o](Store& store) -> absl::Status {
+    absl::StatusOr<Page<RevisionRecord>> page =
+        o->policy.empty() ? store.ListAllRevisions(o->after, o->limit)
+                          : store.ListRevisions(o->policy, o->after, o->limit);
+    if (!page.ok()) return page.status();
+    PolicyNames names(store);
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : page->items) {
+      const std::string name = names.Name(r.policy_id);
+      if (o->json) {
+        nlohmann::json j = RevisionJson(r, name);
+        j["cursor"] = o->policy.empty() ? r.id : r.seq;
+        out.push_back(std::move(j));
+      } else {
+        std::printf("%s\n", RevisionLine(r, name).c_str());
       }
-      if (o->json) PrintJson(out);
-      if (page->next_after) {
-        std::fprintf(stderr, "more: --after %llu\n",
-                     static_cast<unsigned long long>(*page->next_after));
-      }
-      return absl::OkStatus();
-    };
+    }
+    if (o->json) PrintJson(out);
+    if (page->next_after) {
+      std::fprintf(stderr, "more: --after %llu\n",
+                   static_cast<unsigned long long>(*page->next_after));
+    }
+    return absl::OkStatus();
   });
 }
 
@@ -144,30 +131,26 @@ void SetupShow(CLI::App* sub, Invocation* inv) {
   auto o = std::make_shared<RefOpts>();
   sub->add_option("REV", o->ref, "revision id, POLICY:ALIAS or POLICY@SEQ")->required();
   AddJsonFlag(sub, &o->json);
-  sub->callback([inv, o] {
-    inv->run = [inv, o]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      auto rev = (*store)->Resolve(o->ref);
-      if (!rev.ok()) return rev.status();
-      PolicyNames names(**store);
-      const std::string policy = names.Name(rev->policy_id);
-      auto aliases = (*store)->catalog().ListAliases(rev->policy_id);
-      if (!aliases.ok()) return aliases.status();
-      std::vector<std::string> mine;
-      for (const auto& a : *aliases) {
-        if (a.revision == rev->id) mine.push_back(a.alias);
-      }
-      nlohmann::json j = RevisionJson(*rev, policy);
-      j["aliases"] = mine;
-      j["blob_path"] = (*store)->BlobPath(rev->blob.hash);
-      if (o->json) {
-        PrintJson(j);
-      } else {
-        std::printf("%s\n", j.dump(2).c_str());
-      }
-      return absl::OkStatus();
-    };
+  OnStore(sub, inv, [o](Store& store) -> absl::Status {
+    auto rev = store.Resolve(o->ref);
+    if (!rev.ok()) return rev.status();
+    PolicyNames names(store);
+    const std::string policy = names.Name(rev->policy_id);
+    auto aliases = store.catalog().ListAliases(rev->policy_id);
+    if (!aliases.ok()) return aliases.status();
+    std::vector<std::string> mine;
+    for (const auto& a : *aliases) {
+      if (a.revision == rev->id) mine.push_back(a.alias);
+    }
+    nlohmann::json j = RevisionJson(*rev, policy);
+    j["aliases"] = mine;
+    j["blob_path"] = store.BlobPath(rev->blob.hash);
+    if (o->json) {
+      PrintJson(j);
+    } else {
+      std::printf("%s\n", j.dump(2).c_str());
+    }
+    return absl::OkStatus();
   });
 }
 
@@ -191,17 +174,13 @@ void SetupAlias(CLI::App* sub, Invocation* inv) {
   sub->add_option("ALIAS", o->alias, "alias name (e.g. serving, canary)")->required();
   sub->add_option("REV", o->ref, "revision id, POLICY:ALIAS or POLICY@SEQ")->required();
   AddJsonFlag(sub, &o->json);
-  sub->callback([inv, o] {
-    inv->run = [inv, o]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      auto rev = (*store)->Resolve(o->ref);
-      if (!rev.ok()) return rev.status();
-      absl::Status st = (*store)->SetAlias(o->policy, o->alias, rev->id, "cli");
-      if (!st.ok()) return st;
-      PrintAlias(o->json, o->policy, o->alias, rev->id);
-      return absl::OkStatus();
-    };
+  OnStore(sub, inv, [o](Store& store) -> absl::Status {
+    auto rev = store.Resolve(o->ref);
+    if (!rev.ok()) return rev.status();
+    absl::Status st = store.SetAlias(o->policy, o->alias, rev->id, "cli");
+    if (!st.ok()) return st;
+    PrintAlias(o->json, o->policy, o->alias, rev->id);
+    return absl::OkStatus();
   });
 }
 
@@ -210,15 +189,11 @@ void SetupRollback(CLI::App* sub, Invocation* inv) {
   sub->add_option("POLICY", o->policy, "policy")->required();
   sub->add_option("ALIAS", o->alias, "alias to move back to its previous revision")->required();
   AddJsonFlag(sub, &o->json);
-  sub->callback([inv, o] {
-    inv->run = [inv, o]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      auto id = (*store)->Rollback(o->policy, o->alias);
-      if (!id.ok()) return id.status();
-      PrintAlias(o->json, o->policy, o->alias, *id);
-      return absl::OkStatus();
-    };
+  OnStore(sub, inv, [o](Store& store) -> absl::Status {
+    auto id = store.Rollback(o->policy, o->alias);
+    if (!id.ok()) return id.status();
+    PrintAlias(o->json, o->policy, o->alias, *id);
+    return absl::OkStatus();
   });
 }
 
@@ -226,21 +201,17 @@ void SetupRm(CLI::App* sub, Invocation* inv) {
   auto o = std::make_shared<RefOpts>();
   sub->add_option("REV", o->ref, "revision id, POLICY:ALIAS or POLICY@SEQ")->required();
   AddJsonFlag(sub, &o->json);
-  sub->callback([inv, o] {
-    inv->run = [inv, o]() -> absl::Status {
-      auto store = OpenExistingStore(inv->global.store);
-      if (!store.ok()) return store.status();
-      auto rev = (*store)->Resolve(o->ref);
-      if (!rev.ok()) return rev.status();
-      absl::Status st = (*store)->DeleteRevision(rev->id);
-      if (!st.ok()) return st;
-      if (o->json) {
-        PrintJson({{"id", rev->id}, {"state", "deleted"}});
-      } else {
-        std::printf("deleted revision %llu\n", static_cast<unsigned long long>(rev->id));
-      }
-      return absl::OkStatus();
-    };
+  OnStore(sub, inv, [o](Store& store) -> absl::Status {
+    auto rev = store.Resolve(o->ref);
+    if (!rev.ok()) return rev.status();
+    absl::Status st = store.DeleteRevision(rev->id);
+    if (!st.ok()) return st;
+    if (o->json) {
+      PrintJson({{"id", rev->id}, {"state", "deleted"}});
+    } else {
+      std::printf("deleted revision %llu\n", static_cast<unsigned long long>(rev->id));
+    }
+    return absl::OkStatus();
   });
 }
 

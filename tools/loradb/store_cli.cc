@@ -18,6 +18,16 @@ absl::StatusOr<std::unique_ptr<Store>> OpenExistingStore(const std::string& dir)
   return Store::Open(dir, o);
 }
 
+void OnStore(CLI::App* sub, Invocation* inv, std::function<absl::Status(Store&)> fn) {
+  sub->callback([inv, fn = std::move(fn)] {
+    inv->run = [inv, fn]() -> absl::Status {
+      auto store = OpenExistingStore(inv->global.store);
+      if (!store.ok()) return store.status();
+      return fn(**store);
+    };
+  });
+}
+
 std::string PolicyNames::Name(uint64_t policy_id) {
   auto it = names_.find(policy_id);
   if (it != names_.end()) return it->second;

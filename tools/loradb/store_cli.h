@@ -10,11 +10,16 @@
 
 #include "absl/status/statusor.h"
 #include "storage/store/store.h"
+#include "tools/loradb/command.h"
 
 namespace loradb::cli {
 
 // Opens an existing store (NotFound with a hint to run `loradb init` when there is none).
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Store>> OpenExistingStore(const std::string& dir);
+
+// Arranges that choosing `sub` on the command line runs `fn` on the store named by --store
+// (opened with OpenExistingStore, closed when `fn` returns).
+void OnStore(CLI::App* sub, Invocation* inv, std::function<absl::Status(Store&)> fn);
 
 // Maps policy ids to names, asking the catalog once per id.
 class PolicyNames {
