@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -351,6 +352,37 @@ absl::Status PlanRepack(const Paths& p, const MigrateOptions& options,
   return absl::OkStatus();
 }
 
+// The common end of compact and migrate, after the new generation was rebuilt into p.work:
+// unless `dry_run`, verify it, swap it in, run `after_swap` (compact collects blob files), remove
+// the work dir, and fill the report's timings (rebuild, verify, swap, total) from `t0`.
+template <typename Report>
+absl::Status FinishGeneration(const Paths& p, const RebuildResult& plan, bool dry_run,
+                              bool drop_previous, double t0, Report* rep,
+                              const std::function<absl::Status()>& after_swap = nullptr) {
+  const double t1 = NowSeconds();
+  rep->rebuild_seconds = t1 - t0;
+  if (dry_run) {
+    rep->seconds = NowSeconds() - t0;
+    return absl::OkStatus();
+  }
+  absl::Status st = VerifyNewGeneration(p, plan);
+  if (!st.ok()) {
+    (void)RemoveTree(p.work);
+    return st;
+  }
+  const double t2 = NowSeconds();
+  rep->verify_seconds = t2 - t1;
+  LORADB_ASSIGN_OR_RETURN(SwapResult swap, SwapGeneration(p, drop_previous));
+  rep->previous_generation = swap.previous;
+  rep->catalog_bytes_after = FileBytes(p.data);
+  if (after_swap) LORADB_RETURN_IF_ERROR(after_swap());
+  LORADB_RETURN_IF_ERROR(RemoveTree(p.work));
+  LORADB_RETURN_IF_ERROR(FaultPoint("maint.done"));
+  rep->seconds = NowSeconds() - t0;
+  rep->swap_seconds = rep->seconds - (t2 - t0);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<uint32_t> ReadStoreSchemaVersion(const std::string& dir) {
@@ -392,32 +424,13 @@ absl::StatusOr<CompactReport> CompactStore(const std::string& dir, const Compact
   rep.dropped_retention = plan.dropped_retention;
   rep.blob_records_before = plan.blob_records_before;
   rep.blob_records_kept = plan.blob_records_kept;
-  const double t1 = NowSeconds();
-  rep.rebuild_seconds = t1 - t0;
-  if (options.dry_run) {
-    rep.seconds = NowSeconds() - t0;
-    return rep;
-  }
-  absl::Status st = VerifyNewGeneration(p, plan);
-  if (!st.ok()) {
-    (void)RemoveTree(p.work);
-    return st;
-  }
-  const double t2 = NowSeconds();
-  rep.verify_seconds = t2 - t1;
-  LORADB_ASSIGN_OR_RETURN(SwapResult swap, SwapGeneration(p, options.drop_previous));
-  rep.previous_generation = swap.previous;
-  rep.catalog_bytes_after = FileBytes(p.data);
-  if (options.collect_blob_files) {
-    const std::set<std::string> none;
-    LORADB_RETURN_IF_ERROR(
-        CollectBlobFiles(p, plan.kept_blob_relpaths,
-                         options.drop_previous ? none : plan.source_blob_relpaths, &rep));
-  }
-  LORADB_RETURN_IF_ERROR(RemoveTree(p.work));
-  LORADB_RETURN_IF_ERROR(FaultPoint("maint.done"));
-  rep.seconds = NowSeconds() - t0;
-  rep.swap_seconds = rep.seconds - (t2 - t0);
+  LORADB_RETURN_IF_ERROR(FinishGeneration(
+      p, plan, options.dry_run, options.drop_previous, t0, &rep, [&]() -> absl::Status {
+        if (!options.collect_blob_files) return absl::OkStatus();
+        const std::set<std::string> none;
+        return CollectBlobFiles(p, plan.kept_blob_relpaths,
+                                options.drop_previous ? none : plan.source_blob_relpaths, &rep);
+      }));
   return rep;
 }
 
@@ -474,26 +487,8 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
     rep.changes.push_back(absl::StrCat("build the revisions_by_blob index: ", plan.index_entries,
                                        " entries over ", plan.revisions_before, " revisions"));
   }
-  const double t1 = NowSeconds();
-  rep.rebuild_seconds = t1 - t0;
-  if (options.dry_run) {
-    rep.seconds = NowSeconds() - t0;
-    return rep;
-  }
-  absl::Status st = VerifyNewGeneration(p, plan);
-  if (!st.ok()) {
-    (void)RemoveTree(p.work);
-    return st;
-  }
-  const double t2 = NowSeconds();
-  rep.verify_seconds = t2 - t1;
-  LORADB_ASSIGN_OR_RETURN(SwapResult swap, SwapGeneration(p, options.drop_previous));
-  rep.previous_generation = swap.previous;
-  rep.catalog_bytes_after = FileBytes(p.data);
-  LORADB_RETURN_IF_ERROR(RemoveTree(p.work));
-  LORADB_RETURN_IF_ERROR(FaultPoint("maint.done"));
-  rep.seconds = NowSeconds() - t0;
-  rep.swap_seconds = rep.seconds - (t2 - t0);
+  LORADB_RETURN_IF_ERROR(
+      FinishGeneration(p, plan, options.dry_run, options.drop_previous, t0, &rep));
   return rep;
 }
 
