@@ -182,7 +182,13 @@ absl::Status RunDp(const std::vector<std::string>& args) {
           {"loadavg_1m", load}});
     results.push_back(std::move(r));
   }
-  const double ratio =
+  // The goal compares with the better single-rank run: one rank on every core can be much
+  // slower than on half of them (OpenMP threads spinning on a loaded machine), and that is not
+  // data-parallel scaling.
+  const double best_one = std::max(results[0]["samples_per_s"].get<double>(),
+                                   results[1]["samples_per_s"].get<double>());
+  const double ratio = results[2]["samples_per_s"].get<double>() / best_one;
+  const double ratio_all_cores =
       results[2]["samples_per_s"].get<double>() / results[0]["samples_per_s"].get<double>();
   const double ratio_same_threads =
       results[2]["samples_per_s"].get<double>() / results[1]["samples_per_s"].get<double>();
@@ -194,11 +200,12 @@ absl::Status RunDp(const std::vector<std::string>& args) {
   }
   Emit({{"bench", "dist"},
         {"case", "dp"},
-        {"ratio_2_ranks_vs_1_rank_all_cores", ratio},
+        {"ratio_2_ranks_vs_best_1_rank", ratio},
+        {"ratio_2_ranks_vs_1_rank_all_cores", ratio_all_cores},
         {"ratio_2_ranks_vs_1_rank_same_threads_per_rank", ratio_same_threads},
         {"loss_max_rel_diff", max_rel},
         {"cores", cores}});
-  EmitGoal("dist", "dp_2_ranks_vs_1_samples_per_s", ratio,
+  EmitGoal("dist", "dp_2_ranks_vs_best_1_rank_samples_per_s", ratio,
            ">= 1.6 (needs >= 2 idle cores; a loaded 2-core VM gives ~1)", ratio >= 1.6);
   EmitGoal("dist", "dp_2_ranks_loss_trajectory_max_rel_diff_vs_1", max_rel, "<= 1e-4",
            max_rel <= 1e-4);
