@@ -28,6 +28,7 @@ namespace {
 
 constexpr char kGenPrefix[] = "gen-";
 constexpr char kTmpPrefix[] = "tmp-";
+constexpr char kEpochPrefix[] = "epoch-";
 
 std::string GenDir(const std::string& root, uint64_t gen) {
   return absl::StrCat(root, "/", GenerationDirName(gen));
@@ -39,6 +40,20 @@ std::optional<uint64_t> ParseGenName(absl::string_view name) {
   uint64_t gen = 0;
   if (!absl::SimpleAtoi(name, &gen) || gen == 0) return std::nullopt;
   return gen;
+}
+
+// Parses "epoch-<20 digits>"; nullopt for any other name.
+std::optional<uint64_t> ParseEpochName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, kEpochPrefix) || name.size() != 20) return std::nullopt;
+  uint64_t epoch = 0;
+  if (!absl::SimpleAtoi(name, &epoch) || epoch == 0) return std::nullopt;
+  return epoch;
+}
+
+std::string EpochFileName(uint64_t epoch) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "epoch-%020llu", static_cast<unsigned long long>(epoch));
+  return buf;
 }
 
 // Names in `dir` (not . and ..).
@@ -103,6 +118,12 @@ absl::StatusOr<GenerationManifest> ReadManifest(const std::string& replica_root,
   m.published_us = j["published_us"].get<int64_t>();
   m.data_bytes = j["data_bytes"].get<uint64_t>();
   LORADB_ASSIGN_OR_RETURN(m.data_hash, ParseHash128(j["data_xxh3_128"].get<std::string>()));
+  if (j.contains("writer_epoch")) {  // absent in generations published before fencing
+    if (!j["writer_epoch"].is_number_unsigned()) {
+      return absl::DataLossError(absl::StrCat("replica: malformed writer_epoch in ", path));
+    }
+    m.epoch = j["writer_epoch"].get<uint64_t>();
+  }
   if (m.generation != generation) {
     return absl::DataLossError(absl::StrCat("replica: manifest ", path, " names generation ",
                                             m.generation, ", expected ", generation));
@@ -126,6 +147,15 @@ absl::StatusOr<uint64_t> ReadCurrentGeneration(const std::string& replica_root) 
   return *gen;
 }
 
+absl::StatusOr<uint64_t> ReadWriterEpoch(const std::string& replica_root) {
+  LORADB_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(replica_root));
+  uint64_t epoch = 0;
+  for (const auto& name : names) {
+    if (auto e = ParseEpochName(name)) epoch = std::max(epoch, *e);
+  }
+  return epoch;
+}
+
 // ---- publisher
 
 ReplicaPublisher::ReplicaPublisher(std::shared_ptr<Catalog> catalog, std::string root,
@@ -143,19 +173,39 @@ absl::StatusOr<std::unique_ptr<ReplicaPublisher>> ReplicaPublisher::Open(
   if (options.keep < 2) return absl::InvalidArgumentError("replica: keep must be at least 2");
   LORADB_RETURN_IF_ERROR(CreateDirectories(replica_root));
   const std::string lock_path = replica_root + "/LOCK";
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("replica: open ", lock_path));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "replica: another publisher holds ", lock_path, " (one writer per replica root)"));
+  int fd = -1;
+  if (options.use_flock) {
+    fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("replica: open ", lock_path));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "replica: another publisher holds ", lock_path, " (one writer per replica root)"));
+      }
+      return ErrnoToStatus(err, absl::StrCat("replica: flock ", lock_path));
     }
-    return ErrnoToStatus(err, absl::StrCat("replica: flock ", lock_path));
   }
   std::unique_ptr<ReplicaPublisher> p(
       new ReplicaPublisher(std::move(catalog), replica_root, options, fd));
+  // A new writer epoch: the next epoch-N created with O_EXCL (a compare-and-set on the
+  // directory); losing a race moves on to the next number.
+  LORADB_ASSIGN_OR_RETURN(uint64_t epoch, ReadWriterEpoch(replica_root));
+  for (;;) {
+    ++epoch;
+    const std::string path = replica_root + "/" + EpochFileName(epoch);
+    const int efd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (efd >= 0) {
+      const int rc = ::fsync(efd);
+      ::close(efd);
+      if (rc != 0) return ErrnoToStatus(errno, absl::StrCat("replica: fsync ", path));
+      break;
+    }
+    if (errno != EEXIST) return ErrnoToStatus(errno, absl::StrCat("replica: create ", path));
+  }
+  LORADB_RETURN_IF_ERROR(FsyncDirectory(replica_root));
+  p->epoch_ = epoch;
   LORADB_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(replica_root));
   for (const auto& name : names) {
     if (absl::StartsWith(name, kTmpPrefix)) {
@@ -169,7 +219,23 @@ absl::StatusOr<std::unique_ptr<ReplicaPublisher>> ReplicaPublisher::Open(
   return p;
 }
 
+absl::Status ReplicaPublisher::CheckNotFenced() const {
+  LORADB_ASSIGN_OR_RETURN(uint64_t newest, ReadWriterEpoch(root_));
+  if (newest > epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replica: this writer was fenced: its epoch ", epoch_, " was superseded by writer epoch ",
+        newest, " in ", root_, "; it must stop publishing (nothing was published)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<GenerationManifest> ReplicaPublisher::Publish() {
+  LORADB_RETURN_IF_ERROR(CheckNotFenced());
+  // A newer writer may also have published: number after every generation on disk.
+  LORADB_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root_));
+  for (const auto& name : names) {
+    if (auto g = ParseGenName(name)) last_gen_ = std::max(last_gen_, *g);
+  }
   const uint64_t gen = last_gen_ + 1;
   const std::string tmp = absl::StrCat(root_, "/", kTmpPrefix, GenerationDirName(gen));
   auto build = [&]() -> absl::StatusOr<GenerationManifest> {
@@ -181,7 +247,9 @@ absl::StatusOr<GenerationManifest> ReplicaPublisher::Publish() {
     LORADB_ASSIGN_OR_RETURN(m.txnid, catalog_->CopySnapshot(tmp + "/catalog"));
     LORADB_ASSIGN_OR_RETURN(m.data_hash, HashFile(tmp + "/catalog/data.mdb", &m.data_bytes));
     m.published_us = NowMicros();
+    m.epoch = epoch_;
     nlohmann::json j = {{"generation", m.generation},
+                        {"writer_epoch", m.epoch},
                         {"store_id", m.store_id},
                         {"txnid", m.txnid},
                         {"published_us", m.published_us},
@@ -206,6 +274,11 @@ absl::StatusOr<GenerationManifest> ReplicaPublisher::Publish() {
   // process dies between the two, the next publisher numbers after it and followers never
   // needed it.
   last_gen_ = gen;
+  // Fenced while building? Then the generation was never named: remove it, change nothing.
+  if (absl::Status fenced = CheckNotFenced(); !fenced.ok()) {
+    (void)RemoveTree(GenDir(root_, gen));
+    return fenced;
+  }
   last_txnid_ = m->txnid;
   LORADB_RETURN_IF_ERROR(WriteFileAtomic(root_ + "/CURRENT", GenerationDirName(gen) + "\n"));
   LORADB_RETURN_IF_ERROR(Prune());
@@ -269,6 +342,12 @@ absl::StatusOr<std::shared_ptr<Store>> ReplicaFollower::OpenGeneration(
       return absl::FailedPreconditionError(
           absl::StrCat("replica: generation ", gen, " belongs to store ", m.store_id,
                        ", this follower serves store ", manifest_.store_id));
+    }
+    if (store_ != nullptr && m.epoch < manifest_.epoch) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("replica: generation ", gen, " was published by fenced writer epoch ",
+                       m.epoch, "; this follower already serves writer epoch ", manifest_.epoch,
+                       " (generation ", manifest_.generation, ")"));
     }
   }
   const std::string dir = GenDir(root_, gen);

@@ -20,7 +20,8 @@ namespace {
 nlohmann::json ManifestJson(const GenerationManifest& m) {
   return {{"generation", m.generation}, {"txnid", m.txnid},
           {"store_id", m.store_id},     {"published_us", m.published_us},
-          {"data_bytes", m.data_bytes}, {"data_xxh3_128", m.data_hash.Hex()}};
+          {"data_bytes", m.data_bytes}, {"data_xxh3_128", m.data_hash.Hex()},
+          {"writer_epoch", m.epoch}};
 }
 
 int64_t WallMicros() {
@@ -65,19 +66,24 @@ void SetupPublish(CLI::App* sub, Invocation* inv) {
   auto once = std::make_shared<bool>(false);
   auto interval_ms = std::make_shared<int>(20);
   auto keep = std::make_shared<uint64_t>(8);
+  auto take_over = std::make_shared<bool>(false);
   sub->add_flag("--once", *once, "publish one generation and exit");
+  sub->add_flag("--take-over", *take_over,
+                "do not take the LOCK flock (a shared file system, or a writer believed dead): "
+                "the new writer epoch fences any earlier publisher");
   sub->add_option("--interval-ms", *interval_ms,
                   "poll the catalog for new commits this often (default 20)")
       ->check(CLI::Range(1, 60000));
   sub->add_option("--keep", *keep, "generations kept on disk (default 8, at least 2)");
-  sub->callback([inv, once, interval_ms, keep] {
-    inv->run = [inv, once, interval_ms, keep]() -> absl::Status {
+  sub->callback([inv, once, interval_ms, keep, take_over] {
+    inv->run = [inv, once, interval_ms, keep, take_over]() -> absl::Status {
       auto store = OpenExistingStore(inv->global.store);
       if (!store.ok()) return store.status();
       auto catalog = Catalog::Open((*store)->dir());
       if (!catalog.ok()) return catalog.status();
       PublisherOptions po;
       po.keep = *keep;
+      po.use_flock = !*take_over;
       auto pub = ReplicaPublisher::Open(*catalog, ReplicaRootFor((*store)->dir()), po);
       if (!pub.ok()) return pub.status();
       if (*once) {

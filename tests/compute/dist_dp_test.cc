@@ -1,0 +1,253 @@
+// torch.distributed plumbing (compute/distributed/process_group, launcher) and data-parallel
+// LoRA training (`loradb dist-train`), on CPU with Gloo over loopback. Ranks are separate
+// processes: the built `loradb` binary launches copies of itself.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "compute/distributed/dp_sync.h"
+#include "compute/distributed/launcher.h"
+#include "compute/distributed/process_group.h"
+#include "compute/model/checkpoint.h"
+#include "gtest/gtest.h"
+#include "storage/formats/model_config.h"
+#include "tests/test_util.h"
+
+namespace loradb {
+namespace {
+
+using loradb::testing::TempDir;
+
+#define SKIP_WITHOUT_C10D()                              \
+  do {                                                   \
+    std::string why;                                     \
+    if (!dist::C10dAvailable(&why)) GTEST_SKIP() << why; \
+  } while (0)
+
+struct CliRun {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+CliRun Cli(const TempDir& dir, const std::string& store, const std::string& args) {
+  CliRun r;
+  const std::string out = dir.file("stdout"), err = dir.file("stderr");
+  // One intra-op thread per rank: the ranks share the machine's cores (and stay fast on a
+  // loaded one).
+  const std::string cmd = absl::StrCat("OMP_NUM_THREADS=1 '", LORADB_CLI_PATH, "' --store '", store,
+                                       "' ", args, " >'", out, "' 2>'", err, "'");
+  const int st = std::system(cmd.c_str());
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  return r;
+}
+
+TEST(ProcessGroupTest, RejectsBadOptionsWithClearErrors) {
+  SKIP_WITHOUT_C10D();
+  TempDir dir;
+  dist::GroupOptions o;
+  o.rendezvous = absl::StrCat("file:", dir.file("rdv"));
+  o.world_size = 2;
+  o.rank = 2;
+  EXPECT_EQ(dist::ProcessGroup::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.rank = 0;
+  o.world_size = 0;
+  EXPECT_EQ(dist::ProcessGroup::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.world_size = 1;
+  o.rendezvous = "udp:nowhere";
+  EXPECT_EQ(dist::ProcessGroup::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.rendezvous = "tcp:127.0.0.1:notaport";
+  EXPECT_EQ(dist::ProcessGroup::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dist::ParseBackend("mpi").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProcessGroupTest, SingleRankGroupRunsEveryCollective) {
+  SKIP_WITHOUT_C10D();
+  TempDir dir;
+  dist::GroupOptions o;
+  o.rendezvous = absl::StrCat("file:", dir.file("rdv"));
+  auto pg = dist::ProcessGroup::Create(o);
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  at::Tensor t = at::arange(10, at::kFloat);
+  ASSERT_TRUE((*pg)->AllReduce(t, dist::ReduceOp::kAverage).ok());
+  EXPECT_TRUE(at::equal(t, at::arange(10, at::kFloat)));
+  at::Tensor strided = at::zeros({4, 4}).t();
+  EXPECT_EQ((*pg)->AllReduce(strided).code(), absl::StatusCode::kInvalidArgument);
+  at::Tensor ints = at::ones({2}, at::kLong);
+  EXPECT_EQ((*pg)->AllReduce(ints, dist::ReduceOp::kAverage).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*pg)->Broadcast(t, 1).code(), absl::StatusCode::kInvalidArgument);
+  std::string bytes("a\0b", 3);
+  ASSERT_TRUE((*pg)->BroadcastBytes(&bytes).ok());
+  EXPECT_EQ(bytes, std::string("a\0b", 3));
+  auto g = (*pg)->AllGather(at::ones({3}));
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->size(), 1u);
+  EXPECT_TRUE((*pg)->Barrier().ok());
+}
+
+TEST(ProcessGroupTest, SnapshotBytesRoundTripAndRejectCorruption) {
+  trainer::PolicySnapshot s;
+  s.master["a"] = at::randn({3, 4});
+  s.optimizer["adamw.step"] = at::full({1}, 7L, at::kLong);
+  s.micro_steps = 2;
+  s.scheduler_name = "cosine";
+  s.scheduler_position = 9;
+  s.rng_state = "0123";
+  const std::string bytes = dist::EncodeSnapshot(s);
+  auto back = dist::DecodeSnapshot(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(at::equal(back->master.at("a"), s.master.at("a")));
+  EXPECT_EQ(back->optimizer.at("adamw.step").item<int64_t>(), 7);
+  EXPECT_EQ(back->micro_steps, 2);
+  EXPECT_EQ(back->scheduler_name, "cosine");
+  EXPECT_EQ(back->scheduler_position, 9);
+  EXPECT_EQ(back->rng_state, "0123");
+  EXPECT_EQ(dist::DecodeSnapshot(bytes.substr(0, bytes.size() - 1)).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(dist::DecodeSnapshot(bytes + "x").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(dist::DecodeSnapshot("garbage").status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(LauncherTest, ReportsTheFailedRankAndStopsTheOthers) {
+  dist::LaunchOptions o;
+  o.argv = {"/bin/sh", "-c", "if [ \"$LORADB_RANK\" = 1 ]; then exit 3; fi; sleep 30"};
+  o.world_size = 3;
+  auto r = dist::LaunchRanks(o);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(r.status().message().find("rank 1 exited with status 3"), std::string::npos)
+      << r.status();
+  o.argv = {"/bin/sh", "-c", "test -n \"$LORADB_RENDEZVOUS\" && test \"$LORADB_WORLD_SIZE\" = 2"};
+  o.world_size = 2;
+  r = dist::LaunchRanks(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->size(), 2u);
+  o.argv.clear();
+  EXPECT_EQ(dist::LaunchRanks(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DistCliTest, CollectiveSelfCheckOnTwoAndThreeGlooRanks) {
+  SKIP_WITHOUT_C10D();
+  TempDir dir;
+  for (int world : {2, 3}) {
+    CliRun r = Cli(dir, dir.file("store"), absl::StrCat("dist-check --world ", world));
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find(absl::StrCat("rank 0/", world, " gloo on cpu: ok")), std::string::npos)
+        << r.out;
+  }
+}
+
+TEST(DistCliTest, ARankThatDiesAbortsTheRunWithAClearError) {
+  SKIP_WITHOUT_C10D();
+  TempDir dir;
+  CliRun r = Cli(dir, dir.file("store"), "dist-check --world 2 --die-rank 1 --timeout-ms 20000");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("distributed run aborted"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1 was killed by signal 9"), std::string::npos) << r.err;
+}
+
+class DpTrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!dist::C10dAvailable(&why)) GTEST_SKIP() << why;
+    auto config =
+        ReadModelConfig(std::string(LORADB_SOURCE_DIR) + "/compute/configs/tiny-dense.json");
+    ASSERT_TRUE(config.ok()) << config.status();
+    config->num_hidden_layers = 2;
+    model_ = dir_.file("tiny");
+    ASSERT_TRUE(model::WriteRandomCheckpoint(*config, model_, 7, at::kFloat).ok());
+  }
+
+  // `loradb dist-train` of policy p on the mapping task; the parsed JSON report (null on
+  // failure, which fails the test unless `run` is given to inspect it).
+  nlohmann::json Train(const std::string& store, int world, int steps, int batch,
+                       const std::string& extra, CliRun* run = nullptr) {
+    CliRun r = Cli(dir_, store,
+                   absl::StrCat("dist-train --json --world ", world, " --model '", model_,
+                                "' --policy p --task mapping --steps ", steps, " --batch ", batch,
+                                " --lr 1e-2 ", extra));
+    if (run != nullptr) *run = r;
+    if (r.rc != 0) {
+      if (run != nullptr) return nlohmann::json();
+      ADD_FAILURE() << "dist-train --world " << world << " failed: " << r.err;
+      return nlohmann::json();
+    }
+    return nlohmann::json::parse(r.out);
+  }
+
+  TempDir dir_;
+  std::string model_;
+};
+
+TEST_F(DpTrainTest, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
+  const nlohmann::json one = Train(dir_.file("store1"), 1, 6, 8, "");
+  const nlohmann::json two = Train(dir_.file("store2"), 2, 6, 8, "");
+  ASSERT_TRUE(one.is_object() && two.is_object());
+  EXPECT_EQ(two["world_size"], 2);
+  const auto l1 = one["losses"].get<std::vector<double>>();
+  const auto l2 = two["losses"].get<std::vector<double>>();
+  ASSERT_EQ(l1.size(), 6u);
+  ASSERT_EQ(l2.size(), 6u);
+  for (size_t i = 0; i < l1.size(); ++i) {
+    EXPECT_NEAR(l2[i], l1[i], 1e-4 * std::max(1.0, std::abs(l1[i]))) << "step " << i + 1;
+  }
+  EXPECT_LT(l1.back(), l1.front());  // it trains
+  const double w1 = one["weights_l1"], w2 = two["weights_l1"];
+  EXPECT_NEAR(w2, w1, 1e-4 * w1);
+  // One gradient all-reduce (one bucket) per step.
+  EXPECT_EQ(two["gradient_allreduces"], 6);
+  EXPECT_EQ(one["gradient_allreduces"], 0);
+  // Rank 0 alone wrote: one checkpoint and one revision in the store.
+  CliRun ls = Cli(dir_, dir_.file("store2"), "ls --json");
+  ASSERT_EQ(ls.rc, 0) << ls.err;
+  EXPECT_EQ(nlohmann::json::parse(ls.out).size(), 1u) << ls.out;
+  EXPECT_NE(two["revision"], 0);
+  EXPECT_NE(two["checkpoint"], 0);
+}
+
+TEST_F(DpTrainTest, ResumesOnTwoRanksFromRankZerosCheckpoint) {
+  const std::string store = dir_.file("store");
+  const nlohmann::json first = Train(store, 2, 3, 8, "--no-publish");
+  ASSERT_TRUE(first.is_object());
+  EXPECT_EQ(first["end_step"], 3);
+  const nlohmann::json second = Train(store, 2, 6, 8, "");
+  ASSERT_TRUE(second.is_object());
+  EXPECT_EQ(second["start_step"], 3);
+  EXPECT_EQ(second["end_step"], 6);
+  EXPECT_EQ(second["losses"].size(), 3u);
+}
+
+TEST_F(DpTrainTest, BadInputFailsOnEveryRankAndLeavesTheStoreAlone) {
+  const std::string store = dir_.file("store");
+  CliRun r;
+  Train(store, 2, 6, 7, "", &r);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("must be a positive multiple of the 2 ranks"), std::string::npos) << r.err;
+  r = Cli(dir_, store,
+          absl::StrCat("dist-train --world 2 --model '", model_,
+                       "' --policy p --task arithmetic --steps 1 --batch 2"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("data-parallel GRPO"), std::string::npos) << r.err;
+  CliRun ls = Cli(dir_, store, "ls --json");
+  if (ls.rc == 0) {
+    EXPECT_EQ(nlohmann::json::parse(ls.out).size(), 0u) << ls.out;
+  }
+}
+
+}  // namespace
+}  // namespace loradb
