@@ -16,7 +16,8 @@
 // (decoder and bare model); the decoder with distinct adapters >= 2x the merge path.
 // Flags: --batches=16,64 --distinct=1,16,64 --steps=N --prompt=N --rank=N --rounds=N
 // --threads=N (LibTorch intra-op and kernel threads, default 1: on a shared 2-core machine
-// multi-threaded ATen spins at barriers) --no-merge --config=PATH.
+// multi-threaded ATen spins at barriers) --merge-batches=N,.. (batches that also run the merge
+// path; default every batch) --no-merge --config=PATH.
 #if defined(LORADB_COMPUTE_AVAILABLE)
 
 #include <unistd.h>
@@ -44,6 +45,7 @@ struct Options {
   std::string which = "decoder";  // decoder | model | all
   std::vector<int64_t> batches = {16, 64};
   std::vector<int64_t> distinct = {1, 16, 64};
+  std::vector<int64_t> merge_batches;  // batches that run the merge path (empty: every batch)
   int64_t steps = 8, prompt = 16, rank = 16, threads = 1, rounds = 1;
   bool merge = true;
   std::string config = std::string(LORADB_SOURCE_DIR) + "/compute/configs/bench-60m.json";
@@ -72,6 +74,8 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
       ok = ParseList(a.substr(10), &o->batches);
     } else if (flag("--distinct=")) {
       ok = ParseList(a.substr(11), &o->distinct);
+    } else if (flag("--merge-batches=")) {
+      ok = ParseList(a.substr(16), &o->merge_batches);
     } else if (flag("--steps=")) {
       ok = num(8, &o->steps);
     } else if (flag("--prompt=")) {
@@ -95,7 +99,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
       return absl::InvalidArgumentError(absl::StrCat(
           "decode bench: bad argument ", a,
           " (decoder|model|all --batches=N,.. --distinct=N,.. --steps=N --prompt=N --rank=N "
-          "--rounds=N --threads=N --no-merge --config=PATH)"));
+          "--rounds=N --threads=N --merge-batches=N,.. --no-merge --config=PATH)"));
     }
   }
   return absl::OkStatus();
@@ -147,6 +151,18 @@ absl::StatusOr<std::vector<nlohmann::json>> RunRoundRobin(const std::vector<Case
 
 double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
+// The measurement line of one case: its parameters, then its (median) figures.
+nlohmann::json CaseLine(const Options& o, const std::string& path, int64_t batch, const Case& c,
+                        const nlohmann::json& figures) {
+  nlohmann::json line = {{"bench", "decode"},      {"case", c.name},
+                         {"path", path},           {"batch", batch},
+                         {"adapters", c.adapters}, {"rank", o.rank},
+                         {"threads", o.threads},   {"prompt_tokens", o.prompt},
+                         {"decode_steps", o.steps}};
+  line.update(figures);
+  return line;
+}
+
 absl::Status RunDecoderCases(const Options& o, const std::string& dir) {
   int64_t adapters = 1;
   for (int64_t b : o.batches) {
@@ -155,7 +171,7 @@ absl::Status RunDecoderCases(const Options& o, const std::string& dir) {
   Progress(absl::StrCat("decoder: writing a random base and publishing ", adapters, " adapters"));
   absl::StatusOr<std::unique_ptr<decoder::DecodeBenchHarness>> created =
       decoder::DecodeBenchHarness::Create(o.config, dir, adapters, o.rank,
-                                          static_cast<int>(o.threads));
+                                          static_cast<int>(o.threads), static_cast<int>(o.threads));
   if (!created.ok()) return created.status();
   decoder::DecodeBenchHarness& h = **created;
   Emit({{"bench", "decode"},
@@ -200,7 +216,10 @@ absl::Status RunDecoderCases(const Options& o, const std::string& dir) {
                          return figures(*r, false);
                        }});
     }
-    if (o.merge) {
+    const bool merge = o.merge && (o.merge_batches.empty() ||
+                                   std::find(o.merge_batches.begin(), o.merge_batches.end(),
+                                             batch) != o.merge_batches.end());
+    if (merge) {
       cases.push_back({absl::StrCat("merge_", most), most, true,
                        [&, batch, most]() -> absl::StatusOr<nlohmann::json> {
                          absl::StatusOr<decoder::DecodeBenchRun> r =
@@ -214,16 +233,7 @@ absl::Status RunDecoderCases(const Options& o, const std::string& dir) {
     if (!results.ok()) return results.status();
     double base_tps = 0, most_tps = 0, merge_tps = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
-      nlohmann::json line = {{"bench", "decode"},
-                             {"case", cases[i].name},
-                             {"path", "decoder"},
-                             {"batch", batch},
-                             {"adapters", cases[i].adapters},
-                             {"rank", o.rank},
-                             {"prompt_tokens", o.prompt},
-                             {"decode_steps", o.steps}};
-      line.update((*results)[i]);
-      Emit(line);
+      Emit(CaseLine(o, "decoder", batch, cases[i], (*results)[i]));
       const double tps = (*results)[i]["decode_tokens_per_s"].get<double>();
       if (cases[i].name == "base") base_tps = tps;
       if (cases[i].once) {
@@ -235,7 +245,7 @@ absl::Status RunDecoderCases(const Options& o, const std::string& dir) {
     const double vs_base = Ratio(most_tps, base_tps);
     EmitGoal("decode", absl::StrCat("distinct_", most, "_vs_base_batch", batch), vs_base, ">= 0.6",
              vs_base >= 0.6);
-    if (o.merge) {
+    if (merge) {
       const double vs_merge = Ratio(most_tps, merge_tps);
       EmitGoal("decode", absl::StrCat("distinct_", most, "_vs_merge_batch", batch), vs_merge,
                ">= 2", vs_merge >= 2);
@@ -290,18 +300,9 @@ absl::Status RunModelCases(const Options& o, const std::string& dir) {
     if (!results.ok()) return results.status();
     std::vector<double> tps;
     for (size_t i = 0; i < cases.size(); ++i) {
-      nlohmann::json line = {{"bench", "decode"},
-                             {"case", cases[i].name},
-                             {"path", "model"},
-                             {"batch", batch},
-                             {"adapters", cases[i].adapters},
-                             {"rank", o.rank},
-                             {"applier", variants[i].applier},
-                             {"adapter_dtype", variants[i].adapter_dtype},
-                             {"threads", o.threads},
-                             {"prompt_tokens", o.prompt},
-                             {"decode_steps", o.steps}};
-      line.update((*results)[i]);
+      nlohmann::json line = CaseLine(o, "model", batch, cases[i], (*results)[i]);
+      line["applier"] = variants[i].applier;
+      line["adapter_dtype"] = variants[i].adapter_dtype;
       Emit(line);
       tps.push_back((*results)[i]["decode_tokens_per_s"].get<double>());
     }
@@ -345,8 +346,8 @@ LORADB_REGISTER_SCENARIO({"decode",
                           "adapters, merge path) | model (bare model: kernels vs torch applier, "
                           "bf16) | all",
                           Run,
-                          {"all", "--batches=16,64", "--distinct=1,4,16,64", "--steps=8",
-                           "--rounds=2"}});
+                          {"all", "--batches=16,64", "--distinct=1,4,16,64", "--merge-batches=16",
+                           "--steps=8", "--rounds=3"}});
 
 }  // namespace
 }  // namespace loradb::bench

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -228,11 +230,22 @@ struct ChildResult {
   int64_t lines = 0;
 };
 
-// Runs `self SCENARIO ARGS...` in its own process group; every stdout line is passed to
-// `on_line`; stderr (progress) is inherited. Kills the group after `timeout_s`.
+// The process group of the scenario running now (0: none), killed if `all` itself is
+// interrupted, so that no scenario outlives it.
+volatile sig_atomic_t g_child_group = 0;
+// The signal that interrupted `all` (0: none); it stops after the running scenario is killed.
+volatile sig_atomic_t g_interrupted = 0;
+
+void KillChildAndStop(int sig) {
+  g_interrupted = sig;
+  if (g_child_group > 0) ::kill(-g_child_group, SIGKILL);
+}
+
+// Runs `self SCENARIO ARGS...` in its own process group with TMPDIR=`tmpdir`; every stdout line
+// is passed to `on_line`; stderr (progress) is inherited. Kills the group after `timeout_s`.
 ChildResult RunChild(const std::string& self, const std::string& scenario,
-                     const std::vector<std::string>& args, int64_t timeout_s,
-                     const std::function<void(const std::string&)>& on_line) {
+                     const std::vector<std::string>& args, const std::string& tmpdir,
+                     int64_t timeout_s, const std::function<void(const std::string&)>& on_line) {
   ChildResult r;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
@@ -245,6 +258,11 @@ ChildResult RunChild(const std::string& self, const std::string& scenario,
   for (std::string& s : argv_s) argv.push_back(s.data());
   argv.push_back(nullptr);
   std::cout.flush();
+  // The child's scratch files go to its own TMPDIR (every scenario puts them under
+  // temp_directory_path()), so that runs on a shared machine do not collide.
+  const char* old_tmp = std::getenv("TMPDIR");
+  const std::string saved_tmp = old_tmp != nullptr ? old_tmp : "";
+  ::setenv("TMPDIR", tmpdir.c_str(), 1);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
@@ -253,12 +271,19 @@ ChildResult RunChild(const std::string& self, const std::string& scenario,
     std::fprintf(stderr, "exec %s failed: %s\n", self.c_str(), std::strerror(errno));
     ::_exit(127);
   }
+  if (old_tmp != nullptr) {
+    ::setenv("TMPDIR", saved_tmp.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
   ::close(fds[1]);
   if (pid < 0) {
     ::close(fds[0]);
     return r;
   }
   ::setpgid(pid, pid);
+  g_child_group = pid;
+  if (g_interrupted != 0) ::kill(-pid, SIGKILL);  // the signal came before the line above
   const double deadline = loradb::bench::NowSeconds() + static_cast<double>(timeout_s);
   std::string pending;
   char buf[65536];
@@ -294,6 +319,7 @@ ChildResult RunChild(const std::string& self, const std::string& scenario,
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  g_child_group = 0;
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
   return r;
@@ -301,8 +327,8 @@ ChildResult RunChild(const std::string& self, const std::string& scenario,
 
 // `all`: one child process per scenario (a crash, a leak or a hang in one does not take the
 // others with it; each starts with a fresh heap). Every JSON line goes to stdout and, with
-// --out, is appended to the results file, framed by a "machine" line and one "scenario" line per
-// scenario (arguments, seconds, exit status) and an "end" line.
+// --out, to the results file (truncated first), framed by a "machine" line and one "scenario" line
+// per scenario (arguments, seconds, exit status) and an "end" line.
 int RunAll(const std::vector<std::string>& args) {
   AllOptions o;
   std::string error;
@@ -331,14 +357,25 @@ int RunAll(const std::vector<std::string>& args) {
     std::cout << line << std::endl;
     if (out.is_open()) out << line << std::endl;
   };
+  std::string scratch =
+      (std::filesystem::temp_directory_path(ec) / "loradb-bench-all-XXXXXX").string();
+  if (ec || ::mkdtemp(scratch.data()) == nullptr) {
+    std::fprintf(stderr, "error: cannot create a scratch directory %s\n", scratch.c_str());
+    return 1;
+  }
+  ::signal(SIGINT, KillChildAndStop);
+  ::signal(SIGTERM, KillChildAndStop);
+  ::signal(SIGHUP, KillChildAndStop);
   const double start = loradb::bench::NowSeconds();
   nlohmann::json machine = MachineFacts();
+  machine["scratch_dir"] = scratch;
   machine["quick"] = o.quick;
   machine["command"] =
       absl::StrCat("loradb-bench all", args.empty() ? "" : " ", absl::StrJoin(args, " "));
   write(machine.dump());
   int failures = 0, ran = 0;
   for (const ScenarioDef& s : ScenarioRegistry()) {
+    if (g_interrupted != 0) break;
     if (!o.only.empty() && o.only.count(s.name) == 0) continue;
     if (o.skip.count(s.name) != 0) continue;
     std::vector<std::string> sargs = s.all_args;
@@ -349,18 +386,23 @@ int RunAll(const std::vector<std::string>& args) {
     Progress(absl::StrCat("== ", s.name, " ", absl::StrJoin(sargs, " ")));
     const double t0 = loradb::bench::NowSeconds();
     std::vector<double> load0 = LoadAverage();
-    ChildResult r = RunChild(self, s.name, sargs, o.timeout_s, [&](const std::string& line) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object()) {
-        write(line);
-      } else {
-        write(
-            nlohmann::json(
-                {{"bench", "all"}, {"case", "stray_output"}, {"scenario", s.name}, {"text", line}})
-                .dump());
-      }
-    });
+    const std::string tmpdir = scratch + "/" + s.name;
+    std::filesystem::create_directories(tmpdir, ec);
+    ChildResult r =
+        RunChild(self, s.name, sargs, tmpdir, o.timeout_s, [&](const std::string& line) {
+          nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+          if (j.is_object()) {
+            write(line);
+          } else {
+            write(nlohmann::json({{"bench", "all"},
+                                  {"case", "stray_output"},
+                                  {"scenario", s.name},
+                                  {"text", line}})
+                      .dump());
+          }
+        });
     const double seconds = loradb::bench::NowSeconds() - t0;
+    std::filesystem::remove_all(tmpdir, ec);
     const bool ok = r.exit_code == 0 && !r.timed_out;
     ++ran;
     if (!ok) ++failures;
@@ -386,12 +428,14 @@ int RunAll(const std::vector<std::string>& args) {
                                : absl::StrCat("exited with ", r.exit_code).c_str());
     }
   }
+  std::filesystem::remove_all(scratch, ec);
   write(nlohmann::json({{"bench", "all"},
                         {"case", "end"},
                         {"date_utc", UtcNow()},
                         {"seconds", loradb::bench::NowSeconds() - start},
                         {"scenarios", ran},
                         {"failures", failures},
+                        {"interrupted_by_signal", static_cast<int>(g_interrupted)},
                         {"loadavg_end", LoadAverage()}})
             .dump());
   if (out.is_open()) {
@@ -403,6 +447,7 @@ int RunAll(const std::vector<std::string>& args) {
   }
   Progress(absl::StrCat("all: ", ran, " scenarios, ", failures, " failed, ",
                         static_cast<int64_t>(loradb::bench::NowSeconds() - start), " s"));
+  if (g_interrupted != 0) return 128 + g_interrupted;
   return failures == 0 ? 0 : 1;
 }
 

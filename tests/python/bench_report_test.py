@@ -11,7 +11,7 @@ usage: bench_report_test.py LORADB_BENCH
    table, and the PNGs are valid PNG files.
 2. Bad input: a results file without JSON, a markdown file with one marker only: exit 1, and the
    markdown file is left as it was.
-3. `loradb-bench all --quick --only catalog --out FILE` for real: the machine facts, the
+3. `loradb-bench all --quick --only formats --out FILE` for real: the machine facts, the
    scenario's line and the end line are in FILE, and the generator reads it.
 Exit status 77 (ctest: skipped) when matplotlib is missing (`tools/dev setup` installs it).
 """
@@ -142,23 +142,23 @@ def check_bad_input(tmp):
 
 def check_live(tmp, bench):
     out = os.path.join(tmp, "live", "results.jsonl")
-    p = subprocess.run([bench, "all", "--quick", "--only", "catalog", "--out", out],
+    p = subprocess.run([bench, "all", "--quick", "--only", "formats", "--out", out],
                        capture_output=True, text=True, timeout=240)
-    check(p.returncode == 0, f"all --quick --only catalog: exit {p.returncode}: {p.stderr[-2000:]}")
+    check(p.returncode == 0, f"all --quick --only formats: exit {p.returncode}: {p.stderr[-2000:]}")
     lines = load_lines(out)
     machine = [l for l in lines if l.get("bench") == "all" and l.get("case") == "machine"]
     check(len(machine) == 1, "one machine line")
     if machine:
         m = machine[0]
         for key in ("cpu_model", "cores", "memory_bytes", "kernel", "git_commit", "date_utc",
-                    "loadavg_start"):
+                    "loadavg_start", "scratch_dir"):
             check(key in m, f"machine fact {key}")
         check(m.get("cores", 0) >= 1 and m.get("memory_bytes", 0) > 0, "cores and memory")
         check(m.get("quick") is True, "quick recorded")
     scen = [l for l in lines if l.get("case") == "scenario"]
-    check([s.get("scenario") for s in scen] == ["catalog"], "only the catalog scenario ran")
-    check(scen and scen[0].get("ok") is True, "catalog scenario ok")
-    check(any(l.get("bench") == "catalog" and "goal" in l for l in lines), "catalog goal lines")
+    check([s.get("scenario") for s in scen] == ["formats"], "only the formats scenario ran")
+    check(scen and scen[0].get("ok") is True, "formats scenario ok")
+    check(any(l.get("bench") == "formats" and "goal" in l for l in lines), "formats goal lines")
     end = [l for l in lines if l.get("case") == "end"]
     check(len(end) == 1 and end[0].get("failures") == 0, "end line, no failure")
     # The child's stdout was teed: the same lines on stdout as in the file.
@@ -167,7 +167,11 @@ def check_live(tmp, bench):
     md = os.path.join(tmp, "live.md")
     g = generate(out, md, os.path.join(tmp, "live-plots"))
     check(g.returncode == 0, f"generator on the live run: {g.stderr}")
-    check("| catalog at 1,000 revisions" in open(md).read(), "live catalog row")
+    size_rows = [l for l in open(md).read().splitlines() if l.startswith("| MoE packing: file size")]
+    check(len(size_rows) == 1 and "not measured" not in size_rows[0], "live file-size row")
+    if machine:
+        scratch = machine[0].get("scratch_dir", "")
+        check(scratch and not os.path.exists(scratch), f"scratch dir {scratch} removed")
     # Bad arguments to all are refused before anything runs.
     p = subprocess.run([bench, "all", "--only", "nosuch"], capture_output=True, text=True)
     check(p.returncode == 2 and "unknown scenario 'nosuch'" in p.stderr, "unknown --only")
