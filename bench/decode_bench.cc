@@ -1,148 +1,340 @@
-// Scenario `decode`: the store-backed multi-LoRA decoder end to end (compute/decoder) on the
-// CPU with a ~60M-parameter random dense base (compute/configs/bench-60m.json, fp32) and rank-16
-// adapters on q/k/v/o/gate/up/down published into a store. Per batch size: decode tokens/s with
-// the base only, one adapter, 16 and 64 distinct adapters (each step: one device-tier lease over
-// the step's adapters, kernels' BGMV applier), and the merge path (per adapter: copy the base,
-// merge W += scale B A, serve that adapter's requests grouped; merge time counted).
-// Goal lines (issue 6): 64 distinct adapters >= 0.6x base-only decode tokens/s at the same
-// batch; distinct adapters well ahead (>= 2x) of the merge path.
-// Flags: --batches=16,64 --steps=N --prompt=N --rank=N --lora-threads=N --config=PATH.
+// Scenario `decode`: multi-LoRA decode throughput on the CPU with a ~60M-parameter random dense
+// base (compute/configs/bench-60m.json, fp32) and rank-16 adapters on q/k/v/o/gate/up/down. It
+// owns every decode-throughput figure; two cases:
+//  - `decoder` (default): the store-backed decoder end to end (compute/decoder): adapters
+//    published into a store; per batch size, decode tokens/s with the base only and with d
+//    distinct adapters for each d of --distinct (each step: one device-tier lease over the
+//    step's adapters, the kernels' BGMV applier), and the merge path for the largest d (per
+//    adapter: copy the base, merge W += scale B A, serve that adapter's requests; merge time
+//    counted).
+//  - `model`: the bare Qwen3 model (compute/model, no store): base only, one adapter, `batch`
+//    distinct adapters through the kernels and through the torch reference applier, and
+//    distinct bf16 adapters (the serving layout) through the kernels.
+// `all` runs both. Cases run round-robin --rounds times so that all of them see the same machine
+// load; every figure is the median over the rounds (the merge path runs once: it is slow).
+// Goal lines (issue 6): distinct adapters >= 0.6x base-only decode tokens/s at the same batch
+// (decoder and bare model); the decoder with distinct adapters >= 2x the merge path.
+// Flags: --batches=16,64 --distinct=1,16,64 --steps=N --prompt=N --rank=N --rounds=N
+// --threads=N (LibTorch intra-op and kernel threads, default 1: on a shared 2-core machine
+// multi-threaded ATen spins at barriers) --merge-batches=N,.. (batches that also run the merge
+// path; default every batch) --no-merge --config=PATH.
 #if defined(LORADB_COMPUTE_AVAILABLE)
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "compute/decoder/decode_bench_tools.h"
+#include "compute/model/model_tools.h"
 
 namespace loradb::bench {
 namespace {
 
 struct Options {
+  std::string which = "decoder";  // decoder | model | all
   std::vector<int64_t> batches = {16, 64};
-  int64_t steps = 16, prompt = 16, rank = 16, lora_threads = 1;
+  std::vector<int64_t> distinct = {1, 16, 64};
+  std::vector<int64_t> merge_batches;  // batches that run the merge path (empty: every batch)
+  int64_t steps = 8, prompt = 16, rank = 16, threads = 1, rounds = 1;
+  bool merge = true;
   std::string config = std::string(LORADB_SOURCE_DIR) + "/compute/configs/bench-60m.json";
 };
+
+bool ParseList(absl::string_view text, std::vector<int64_t>* out) {
+  out->clear();
+  for (absl::string_view p : absl::StrSplit(text, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(p, &v) || v <= 0) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
 
 absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
   for (const std::string& a : args) {
     auto num = [&](size_t skip, int64_t* v) {
       return absl::SimpleAtoi(a.substr(skip), v) && *v > 0;
     };
+    auto flag = [&](const char* name) { return a.rfind(name, 0) == 0; };
     bool ok = true;
-    if (a.rfind("--batches=", 0) == 0) {
-      o->batches.clear();
-      for (absl::string_view p : absl::StrSplit(a.substr(10), ',')) {
-        int64_t v = 0;
-        ok = ok && absl::SimpleAtoi(p, &v) && v > 0;
-        o->batches.push_back(v);
-      }
-    } else if (a.rfind("--steps=", 0) == 0) {
+    if (a == "decoder" || a == "model" || a == "all") {
+      o->which = a;
+    } else if (flag("--batches=")) {
+      ok = ParseList(a.substr(10), &o->batches);
+    } else if (flag("--distinct=")) {
+      ok = ParseList(a.substr(11), &o->distinct);
+    } else if (flag("--merge-batches=")) {
+      ok = ParseList(a.substr(16), &o->merge_batches);
+    } else if (flag("--steps=")) {
       ok = num(8, &o->steps);
-    } else if (a.rfind("--prompt=", 0) == 0) {
+    } else if (flag("--prompt=")) {
       ok = num(9, &o->prompt);
-    } else if (a.rfind("--rank=", 0) == 0) {
+    } else if (flag("--rank=")) {
       ok = num(7, &o->rank);
-    } else if (a.rfind("--lora-threads=", 0) == 0) {
-      ok = num(15, &o->lora_threads);
-    } else if (a.rfind("--config=", 0) == 0) {
+    } else if (flag("--rounds=")) {
+      ok = num(9, &o->rounds);
+    } else if (flag("--threads=")) {
+      ok = num(10, &o->threads);
+    } else if (flag("--lora-threads=")) {  // the decoder case's earlier name for --threads
+      ok = num(15, &o->threads);
+    } else if (a == "--no-merge") {
+      o->merge = false;
+    } else if (flag("--config=")) {
       o->config = a.substr(9);
     } else {
       ok = false;
     }
-    if (!ok) return absl::InvalidArgumentError("decode bench: bad argument " + a);
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decode bench: bad argument ", a,
+          " (decoder|model|all --batches=N,.. --distinct=N,.. --steps=N --prompt=N --rank=N "
+          "--rounds=N --threads=N --merge-batches=N,.. --no-merge --config=PATH)"));
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status RunCases(const Options& o, decoder::DecodeBenchHarness& h) {
-  for (int64_t batch : o.batches) {
-    double base_tps = 0;
-    std::vector<int64_t> distincts = {16, 64};
-    distincts.erase(
-        std::remove_if(distincts.begin(), distincts.end(), [&](int64_t d) { return d > batch; }),
-        distincts.end());
-    if (distincts.empty()) distincts.push_back(batch);
-    struct Case {
-      std::string name;
-      int64_t distinct;
-      bool merged;
-    };
-    std::vector<Case> cases = {{"base", 0, false}, {"one_adapter", 1, false}};
-    for (int64_t d : distincts) cases.push_back({absl::StrCat("distinct_", d), d, false});
-    const int64_t most = distincts.back();
-    cases.push_back({absl::StrCat("merge_", most), most, true});
-    double most_tps = 0, merge_tps = 0;
-    for (const Case& c : cases) {
-      Progress(absl::StrCat("batch ", batch, ": ", c.name));
-      absl::StatusOr<decoder::DecodeBenchRun> r =
-          c.merged ? h.RunMerged(batch, c.distinct, o.prompt, o.steps)
-                   : h.RunDecoder(batch, c.distinct, o.prompt, o.steps);
+// One measured case: `run` measures it once and returns its figures (numbers, including
+// "decode_tokens_per_s").
+struct Case {
+  std::string name;
+  int64_t adapters = 0;
+  bool once = false;  // run in the first round only
+  std::function<absl::StatusOr<nlohmann::json>()> run;
+};
+
+// Runs `cases` round-robin `rounds` times and returns, per case, its figures with every number
+// replaced by its median over the rounds.
+absl::StatusOr<std::vector<nlohmann::json>> RunRoundRobin(const std::vector<Case>& cases,
+                                                          int64_t rounds,
+                                                          const std::string& label) {
+  std::vector<std::vector<nlohmann::json>> runs(cases.size());
+  for (int64_t round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (cases[i].once && round > 0) continue;
+      Progress(absl::StrCat(label, " round ", round + 1, "/", rounds, ": ", cases[i].name));
+      absl::StatusOr<nlohmann::json> r = cases[i].run();
       if (!r.ok()) return r.status();
-      const double tps = c.merged ? r->end_to_end_tokens_per_s() : r->decode_tokens_per_s();
-      Emit({{"bench", "decode"},
-            {"case", c.name},
-            {"batch", batch},
-            {"adapters", c.distinct},
-            {"rank", o.rank},
-            {"prompt_tokens", o.prompt},
-            {"decode_steps", o.steps},
-            {"decode_tokens", r->decode_tokens},
-            {"decode_tokens_per_s", tps},
-            {"decode_only_tokens_per_s", r->decode_tokens_per_s()},
-            {"prefill_s", r->prefill_seconds},
-            {"merge_s", r->merge_seconds},
-            {"deferrals", r->deferrals},
-            {"adapter_builds", r->adapter_builds}});
-      if (c.name == "base") base_tps = tps;
-      if (!c.merged && c.distinct == most) most_tps = tps;
-      if (c.merged) merge_tps = tps;
+      runs[i].push_back(*std::move(r));
     }
-    const double vs_base = base_tps > 0 ? most_tps / base_tps : 0;
+  }
+  std::vector<nlohmann::json> medians;
+  for (const std::vector<nlohmann::json>& case_runs : runs) {
+    nlohmann::json m = case_runs.back();
+    for (auto& [key, value] : m.items()) {
+      if (!value.is_number()) continue;
+      std::vector<double> samples;
+      for (const nlohmann::json& r : case_runs) samples.push_back(r[key].get<double>());
+      const double median = Quantile(samples, 0.5);
+      if (value.is_number_integer()) {
+        value = static_cast<int64_t>(median);
+      } else {
+        value = median;
+      }
+    }
+    m["rounds"] = case_runs.size();
+    medians.push_back(std::move(m));
+  }
+  return medians;
+}
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+// The measurement line of one case: its parameters, then its (median) figures.
+nlohmann::json CaseLine(const Options& o, const std::string& path, int64_t batch, const Case& c,
+                        const nlohmann::json& figures) {
+  nlohmann::json line = {{"bench", "decode"},      {"case", c.name},
+                         {"path", path},           {"batch", batch},
+                         {"adapters", c.adapters}, {"rank", o.rank},
+                         {"threads", o.threads},   {"prompt_tokens", o.prompt},
+                         {"decode_steps", o.steps}};
+  line.update(figures);
+  return line;
+}
+
+absl::Status RunDecoderCases(const Options& o, const std::string& dir) {
+  int64_t adapters = 1;
+  for (int64_t b : o.batches) {
+    for (int64_t d : o.distinct) adapters = std::max(adapters, std::min(b, d));
+  }
+  Progress(absl::StrCat("decoder: writing a random base and publishing ", adapters, " adapters"));
+  absl::StatusOr<std::unique_ptr<decoder::DecodeBenchHarness>> created =
+      decoder::DecodeBenchHarness::Create(o.config, dir, adapters, o.rank,
+                                          static_cast<int>(o.threads), static_cast<int>(o.threads));
+  if (!created.ok()) return created.status();
+  decoder::DecodeBenchHarness& h = **created;
+  Emit({{"bench", "decode"},
+        {"case", "setup"},
+        {"path", "decoder"},
+        {"parameters", h.num_parameters()},
+        {"adapter_bytes", h.adapter_bytes()},
+        {"adapters", adapters}});
+  auto figures = [](const decoder::DecodeBenchRun& r, bool merged) {
+    return nlohmann::json{
+        {"decode_tokens", r.decode_tokens},
+        {"decode_tokens_per_s", merged ? r.end_to_end_tokens_per_s() : r.decode_tokens_per_s()},
+        {"decode_only_tokens_per_s", r.decode_tokens_per_s()},
+        {"prefill_s", r.prefill_seconds},
+        {"merge_s", r.merge_seconds},
+        {"deferrals", r.deferrals},
+        {"adapter_builds", r.adapter_builds}};
+  };
+  for (int64_t batch : o.batches) {
+    std::vector<int64_t> distincts;
+    for (int64_t d : o.distinct) {
+      if (d <= batch && std::find(distincts.begin(), distincts.end(), d) == distincts.end()) {
+        distincts.push_back(d);
+      }
+    }
+    if (distincts.empty()) distincts.push_back(batch);
+    std::sort(distincts.begin(), distincts.end());
+    const int64_t most = distincts.back();
+    std::vector<Case> cases;
+    cases.push_back({"base", 0, false, [&, batch]() -> absl::StatusOr<nlohmann::json> {
+                       absl::StatusOr<decoder::DecodeBenchRun> r =
+                           h.RunDecoder(batch, 0, o.prompt, o.steps);
+                       if (!r.ok()) return r.status();
+                       return figures(*r, false);
+                     }});
+    for (int64_t d : distincts) {
+      cases.push_back({d == 1 ? "one_adapter" : absl::StrCat("distinct_", d), d, false,
+                       [&, batch, d]() -> absl::StatusOr<nlohmann::json> {
+                         absl::StatusOr<decoder::DecodeBenchRun> r =
+                             h.RunDecoder(batch, d, o.prompt, o.steps);
+                         if (!r.ok()) return r.status();
+                         return figures(*r, false);
+                       }});
+    }
+    const bool merge = o.merge && (o.merge_batches.empty() ||
+                                   std::find(o.merge_batches.begin(), o.merge_batches.end(),
+                                             batch) != o.merge_batches.end());
+    if (merge) {
+      cases.push_back({absl::StrCat("merge_", most), most, true,
+                       [&, batch, most]() -> absl::StatusOr<nlohmann::json> {
+                         absl::StatusOr<decoder::DecodeBenchRun> r =
+                             h.RunMerged(batch, most, o.prompt, o.steps);
+                         if (!r.ok()) return r.status();
+                         return figures(*r, true);
+                       }});
+    }
+    absl::StatusOr<std::vector<nlohmann::json>> results =
+        RunRoundRobin(cases, o.rounds, absl::StrCat("decoder batch ", batch));
+    if (!results.ok()) return results.status();
+    double base_tps = 0, most_tps = 0, merge_tps = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      Emit(CaseLine(o, "decoder", batch, cases[i], (*results)[i]));
+      const double tps = (*results)[i]["decode_tokens_per_s"].get<double>();
+      if (cases[i].name == "base") base_tps = tps;
+      if (cases[i].once) {
+        merge_tps = tps;
+      } else if (cases[i].adapters == most) {
+        most_tps = tps;
+      }
+    }
+    const double vs_base = Ratio(most_tps, base_tps);
     EmitGoal("decode", absl::StrCat("distinct_", most, "_vs_base_batch", batch), vs_base, ">= 0.6",
              vs_base >= 0.6);
-    const double vs_merge = merge_tps > 0 ? most_tps / merge_tps : 0;
-    EmitGoal("decode", absl::StrCat("distinct_", most, "_vs_merge_batch", batch), vs_merge, ">= 2",
-             vs_merge >= 2);
+    if (merge) {
+      const double vs_merge = Ratio(most_tps, merge_tps);
+      EmitGoal("decode", absl::StrCat("distinct_", most, "_vs_merge_batch", batch), vs_merge,
+               ">= 2", vs_merge >= 2);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunModelCases(const Options& o, const std::string& dir) {
+  Progress("model: writing a random checkpoint for " + o.config);
+  absl::StatusOr<Hash128> fp = model::InitRandomCheckpoint(o.config, dir, 1, "f32");
+  if (!fp.ok()) return fp.status();
+  struct Variant {
+    std::string name;
+    bool per_row;  // one adapter per sequence
+    std::string applier;
+    std::string adapter_dtype;
+  };
+  const std::vector<Variant> variants = {{"model_base", false, "kernel", "f32"},
+                                         {"model_one_adapter", false, "kernel", "f32"},
+                                         {"model_distinct_kernel", true, "kernel", "f32"},
+                                         {"model_distinct_torch", true, "torch", "f32"},
+                                         {"model_distinct_kernel_bf16", true, "kernel", "bf16"}};
+  for (int64_t batch : o.batches) {
+    std::vector<Case> cases;
+    for (size_t i = 0; i < variants.size(); ++i) {
+      const Variant& v = variants[i];
+      const int64_t adapters = i == 0 ? 0 : (v.per_row ? batch : 1);
+      cases.push_back({v.name, adapters, false,
+                       [&o, &dir, v, batch, adapters]() -> absl::StatusOr<nlohmann::json> {
+                         model::DecodeBenchOptions bo;
+                         bo.model_dir = dir;
+                         bo.batch = batch;
+                         bo.prompt_len = o.prompt;
+                         bo.steps = o.steps;
+                         bo.num_adapters = adapters;
+                         bo.rank = o.rank;
+                         bo.applier = v.applier;
+                         bo.adapter_dtype = v.adapter_dtype;
+                         bo.threads = static_cast<int>(o.threads);
+                         absl::StatusOr<model::DecodeBenchResult> r = model::RunDecodeBenchmark(bo);
+                         if (!r.ok()) return r.status();
+                         return nlohmann::json{{"prefill_tokens_per_s", r->prefill_tokens_per_s},
+                                               {"decode_tokens_per_s", r->decode_tokens_per_s},
+                                               {"decode_step_p50_ms", r->decode_step_ms_p50},
+                                               {"kernel_calls", r->kernel_calls},
+                                               {"fallback_calls", r->fallback_calls}};
+                       }});
+    }
+    absl::StatusOr<std::vector<nlohmann::json>> results =
+        RunRoundRobin(cases, o.rounds, absl::StrCat("model batch ", batch));
+    if (!results.ok()) return results.status();
+    std::vector<double> tps;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      nlohmann::json line = CaseLine(o, "model", batch, cases[i], (*results)[i]);
+      line["applier"] = variants[i].applier;
+      line["adapter_dtype"] = variants[i].adapter_dtype;
+      Emit(line);
+      tps.push_back((*results)[i]["decode_tokens_per_s"].get<double>());
+    }
+    const double ratio = Ratio(tps[2], tps[0]);
+    EmitGoal("decode", absl::StrCat("model_distinct_adapters_vs_base_batch", batch), ratio,
+             ">= 0.6", ratio >= 0.6);
+    const double bf16_ratio = Ratio(tps[4], tps[0]);
+    EmitGoal("decode", absl::StrCat("model_distinct_bf16_adapters_vs_base_batch", batch),
+             bf16_ratio, ">= 0.6", bf16_ratio >= 0.6);
+    Emit({{"bench", "decode"},
+          {"case", "model_kernel_vs_torch_applier"},
+          {"path", "model"},
+          {"batch", batch},
+          {"speedup", Ratio(tps[2], tps[3])}});
   }
   return absl::OkStatus();
 }
 
 absl::Status Run(const std::vector<std::string>& args) {
   Options o;
-  absl::Status parsed = ParseArgs(args, &o);
-  if (!parsed.ok()) return parsed;
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / absl::StrCat("loradb-bench-decode-", getpid()))
-          .string();
-  std::filesystem::create_directories(dir);
-  const int64_t adapters =
-      std::min<int64_t>(64, *std::max_element(o.batches.begin(), o.batches.end()));
-  Progress(absl::StrCat("writing a random base and publishing ", adapters, " adapters"));
+  absl::Status st = ParseArgs(args, &o);
+  if (!st.ok()) return st;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("loradb-bench-decode-", getpid());
+  std::filesystem::create_directories(dir / "decoder");
+  std::filesystem::create_directories(dir / "model");
   absl::Status result = absl::OkStatus();
-  {
-    absl::StatusOr<std::unique_ptr<decoder::DecodeBenchHarness>> h =
-        decoder::DecodeBenchHarness::Create(o.config, dir, adapters, o.rank,
-                                            static_cast<int>(o.lora_threads));
-    if (!h.ok()) {
-      result = h.status();
-    } else {
-      Emit({{"bench", "decode"},
-            {"case", "setup"},
-            {"parameters", (*h)->num_parameters()},
-            {"adapter_bytes", (*h)->adapter_bytes()},
-            {"adapters", adapters}});
-      result = RunCases(o, **h);
-    }
+  if (o.which == "decoder" || o.which == "all") {
+    result = RunDecoderCases(o, (dir / "decoder").string());
+  }
+  if (result.ok() && (o.which == "model" || o.which == "all")) {
+    result = RunModelCases(o, (dir / "model").string());
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
@@ -150,10 +342,12 @@ absl::Status Run(const std::vector<std::string>& args) {
 }
 
 LORADB_REGISTER_SCENARIO({"decode",
-                          "store-backed multi-LoRA decoder tokens/s: base, 1, 16, 64 adapters, "
-                          "merge path",
+                          "multi-LoRA decode tokens/s: decoder (store-backed: base, d distinct "
+                          "adapters, merge path) | model (bare model: kernels vs torch applier, "
+                          "bf16) | all",
                           Run,
-                          {"--batches=16,64", "--steps=8"}});
+                          {"all", "--batches=16,64", "--distinct=1,4,16,64", "--merge-batches=16",
+                           "--steps=8", "--rounds=3"}});
 
 }  // namespace
 }  // namespace loradb::bench

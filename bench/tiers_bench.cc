@@ -902,4 +902,4 @@ absl::Status RunTiersBench(const std::vector<std::string>& args) {
 LORADB_REGISTER_SCENARIO({"tiers",
                           "residency tiers: cold-burst, dedup, traces, moe-load (issue 4)",
                           loradb::bench::RunTiersBench,
-                          {"all", "--requests=300000", "--burst=16", "--moe=4"}});
+                          {"all", "--requests=300000", "--burst=16,64", "--moe=4"}});

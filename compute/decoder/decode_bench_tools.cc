@@ -1,6 +1,7 @@
 #include "compute/decoder/decode_bench_tools.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
@@ -52,7 +53,8 @@ uint64_t DecodeBenchHarness::adapter_bytes() const { return s_->adapter_bytes; }
 
 absl::StatusOr<std::unique_ptr<DecodeBenchHarness>> DecodeBenchHarness::Create(
     const std::string& config_path, const std::string& work_dir, int64_t max_adapters, int64_t rank,
-    int lora_threads) {
+    int lora_threads, int torch_threads) {
+  if (torch_threads > 0) at::set_num_threads(torch_threads);
   c10::InferenceMode inference;
   auto s = std::make_unique<State>();
   LORADB_ASSIGN_OR_RETURN(s->config, ReadModelConfig(config_path));

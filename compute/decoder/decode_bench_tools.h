@@ -37,10 +37,11 @@ class DecodeBenchHarness {
   // Writes a random checkpoint for `config_path` into `work_dir`/model, creates a store in
   // `work_dir`/store and publishes `max_adapters` random rank-`rank` adapters (every
   // q/k/v/o/gate/up/down, fp32). `lora_threads`: threads of the kernels' CPU context (decode
-  // calls are small: one thread avoids wake-ups on a loaded machine).
+  // calls are small: one thread avoids wake-ups on a loaded machine). `torch_threads` > 0 sets
+  // LibTorch's intra-op threads for the process (0 leaves LibTorch's default).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DecodeBenchHarness>> Create(
       const std::string& config_path, const std::string& work_dir, int64_t max_adapters,
-      int64_t rank, int lora_threads = 1);
+      int64_t rank, int lora_threads = 1, int torch_threads = 0);
   ~DecodeBenchHarness();
 
   int64_t num_parameters() const;
