@@ -52,9 +52,10 @@ struct HttpBenchArgs {
   int policies = 16;
   int revisions_per_policy = 8;
   int threads = 64;
-  int client_threads = 1;  // threads of the epoll load generator
-  int event_threads = 0;   // loop threads of the event engine (0: one per hardware thread)
-  int rounds = 1;          // read case: rounds, alternating the two engines
+  int client_threads = 1;    // threads of the epoll load generator
+  int event_threads = 0;     // loop threads of the event engine (0: one per hardware thread)
+  int rounds = 1;            // read case: rounds, alternating the two engines
+  int handler_threads = 64;  // event engine: threads for mutating calls
 };
 
 absl::StatusOr<HttpBenchArgs> ParseArgs(const std::vector<std::string>& args) {
@@ -84,6 +85,8 @@ absl::StatusOr<HttpBenchArgs> ParseArgs(const std::vector<std::string>& args) {
       a.event_threads = v;
     } else if (f == "--rounds") {
       a.rounds = v;
+    } else if (f == "--handler-threads") {
+      a.handler_threads = v;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", f));
     }
@@ -445,6 +448,7 @@ absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
     http::ServerOptions options;
     options.engine = engine;
     options.event_threads = a.event_threads;
+    options.handler_threads = a.handler_threads;
     options.host = "127.0.0.1";
     options.port = 0;
     options.token = kToken;

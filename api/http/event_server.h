@@ -1,7 +1,7 @@
 // The event-loop HTTP/1.1 engine of the admin endpoint: a few threads (about one per core), each
 // with its own epoll set over non-blocking sockets, accept on a shared listening socket
 // (EPOLLEXCLUSIVE), keep-alive; reads (GET/HEAD) are answered on the loop thread, mutating
-// requests on a few handler threads whose replies the loop writes. On a machine
+// requests on a pool of handler threads whose replies the loop writes. On a machine
 // with few cores this keeps the read tail short where one thread per connection made 64
 // connections queue behind the scheduler.
 //
@@ -57,7 +57,7 @@ struct EventServerOptions {
   int threads = 2;
   // Mutating requests (any method but GET/HEAD: durable commits, adapter loads) run on this many
   // handler threads so they never stall the reads served on the loop threads.
-  int handler_threads = 4;
+  int handler_threads = 64;
   size_t max_connections = 128;
   size_t max_header_bytes = 16 << 10;
   size_t max_body_bytes = 1 << 20;

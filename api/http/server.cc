@@ -208,8 +208,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     return absl::InvalidArgumentError("--auth-reads needs --token-file");
   }
   if (options.worker_threads < 1 || options.max_queued_connections < 1 ||
-      options.reject_threads < 1 || options.read_timeout_ms < 1 || options.write_timeout_ms < 1 ||
-      options.max_body_bytes < 1) {
+      options.handler_threads < 1 || options.event_threads < 0 || options.reject_threads < 1 ||
+      options.read_timeout_ms < 1 || options.write_timeout_ms < 1 || options.max_body_bytes < 1) {
     return absl::InvalidArgumentError("server limits must be positive");
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
@@ -323,6 +323,7 @@ absl::Status Server::BindEventLoop() {
   eo.threads = options_.event_threads > 0
                    ? options_.event_threads
                    : static_cast<int>(std::clamp<unsigned>(hw == 0 ? 2 : hw, 2, 8));
+  eo.handler_threads = options_.handler_threads;
   eo.max_connections = static_cast<size_t>(options_.worker_threads) +
                        static_cast<size_t>(options_.max_queued_connections);
   eo.max_header_bytes = options_.max_header_bytes;
