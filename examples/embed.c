@@ -1,6 +1,7 @@
 /* Embedding loradb from C: open (or create) a store, register a base, create a policy, publish
  * a rank-2 adapter from in-memory tensors with alias "serving", resolve it, read its tensors
- * back and print what Locate says.
+ * back, pin it in the CPU cache with a lease and print what Locate says (tier 1 = cpu while
+ * leased), then release the lease (leases go before close) and close.
  *
  * Build against an installed loradb:
  *   cmake -S examples -B build-ex -DCMAKE_PREFIX_PATH=/usr/local && cmake --build build-ex
@@ -32,6 +33,8 @@ int main(int argc, char** argv) {
   loradb_tensor_view_t view;
   loradb_store_t* store = NULL;
   loradb_tensors_t* read = NULL;
+  loradb_lease_t* lease = NULL;
+  uint32_t retry_after_ms = 0;
   char* err = NULL;
   loradb_status_t st;
   size_t i;
@@ -90,6 +93,14 @@ int main(int argc, char** argv) {
   }
   loradb_tensors_destroy(&read);
 
+  /* A lease pins the revision in the CPU cache; its views stay valid until the release. */
+  if (check(loradb_acquire(store, rev.id, 0, &lease, &retry_after_ms, &err), err, "acquire")) {
+    return 1;
+  }
+  if (loradb_lease_tensor_at(lease, 0, &view) != LORADB_OK) return 1;
+  printf("leased %zu tensors, first=%g\n", loradb_lease_tensor_count(lease),
+         (double)((const float*)view.data)[0]);
+
   memset(&loc, 0, sizeof(loc));
   loc.struct_size = sizeof(loc);
   if (check(loradb_locate(store, "demo/policy", 11, "serving", 7, &loc, &err), err, "locate")) {
@@ -99,5 +110,6 @@ int main(int argc, char** argv) {
          (unsigned long long)loc.revision_id, loc.base_name, (int)loc.tier, loc.blob_path);
   loradb_free(loc.base_name);
   loradb_free(loc.blob_path);
+  loradb_release(&lease);
   return loradb_close(&store) == LORADB_OK ? 0 : 1;
 }

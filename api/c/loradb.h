@@ -23,6 +23,21 @@
  *  - loradb_tensors_t is immutable after creation: concurrent reads are safe; destroy it from one
  *    thread once no other thread uses it. Tensor views stay valid until it is destroyed.
  *  - loradb_options_t is not thread-safe (build it on one thread, then pass it to loradb_open).
+ *  - loradb_lease_t and loradb_batch_lease_t: their accessors only read, so any number of
+ *    threads may use one lease at once; release it from one thread once no other thread uses
+ *    it. A lease may be released on a different thread from the one that acquired it.
+ *
+ * Residency (the CPU cache and device tiers)
+ *  - A store opens with a CPU cache (defaults: 8 GiB budget, W-TinyLFU eviction, io_uring loader
+ *    falling back to a pread pool) and no device tier; loradb_options_set_cpu_cache with a zero
+ *    budget opens it without tiers (the acquire/prefetch/evict calls then return
+ *    LORADB_UNAVAILABLE), loradb_options_set_device adds the device tier.
+ *  - A lease pins its adapters: eviction never touches them, their tensor views stay valid until
+ *    the lease is released. Leases must be released before loradb_close: while any lease of a
+ *    store is alive, loradb_close returns LORADB_CONFLICT and leaves the store open and usable.
+ *  - When the bound on concurrent cold loads is reached, acquire and prefetch return
+ *    LORADB_RESOURCE_EXHAUSTED at once (never an unbounded queue) with a suggested wait in
+ *    *retry_after_ms; nothing is pinned then.
  *  - Functions without a handle (loradb_version, loradb_status_name, loradb_free) are
  *    thread-safe.
  */
@@ -85,9 +100,26 @@ typedef enum loradb_tier_t {
   LORADB_TIER_GPU = 2
 } loradb_tier_t;
 
+/* Which loader reads blobs into the CPU cache. */
+typedef enum loradb_loader_t {
+  LORADB_LOADER_AUTO = 0,     /* io_uring when it initialises, else the pread pool */
+  LORADB_LOADER_IO_URING = 1, /* io_uring or loradb_open fails (LORADB_UNAVAILABLE) */
+  LORADB_LOADER_PREAD = 2     /* a pread thread pool */
+} loradb_loader_t;
+
+/* Which backend holds the device tier's arena. */
+typedef enum loradb_device_t {
+  LORADB_DEVICE_NONE = 0, /* no device tier (the default) */
+  LORADB_DEVICE_HOST = 1, /* host memory: works without a GPU, pointers are host pointers */
+  LORADB_DEVICE_CUDA = 2, /* CUDA device memory; loradb_open fails without a device */
+  LORADB_DEVICE_AUTO = 3  /* CUDA when a device is present, else host */
+} loradb_device_t;
+
 typedef struct loradb_store_t loradb_store_t;
 typedef struct loradb_options_t loradb_options_t;
 typedef struct loradb_tensors_t loradb_tensors_t;
+typedef struct loradb_lease_t loradb_lease_t;             /* one revision in the CPU cache */
+typedef struct loradb_batch_lease_t loradb_batch_lease_t; /* N revisions in the device tier */
 
 /* A revision's metadata. Set struct_size = sizeof(loradb_revision_info_t) before a call. */
 typedef struct loradb_revision_info_t {
@@ -133,7 +165,74 @@ typedef struct loradb_located_t {
   loradb_tier_t tier;     /* where the bytes are now */
   char* blob_path;        /* the blob file */
   uint64_t bytes;
+  int has_slot;      /* 1 when tier is LORADB_TIER_GPU: `slot` is its device slot */
+  uint32_t slot;     /* the device slot (meaningful when has_slot is 1) */
+  int cpu_leases;    /* leases on the CPU cache entry now */
+  int device_leases; /* batch leases covering the device copy now */
 } loradb_located_t;
+
+/* An adapter of a device batch lease. Set struct_size = sizeof(loradb_batch_adapter_t). */
+typedef struct loradb_batch_adapter_t {
+  size_t struct_size;
+  uint64_t revision;
+  uint32_t slot;       /* the device slot it occupies while leased */
+  size_t tensor_count; /* views: loradb_batch_tensor_at(batch, index, 0..tensor_count-1) */
+  uint64_t bytes;      /* payload bytes in the arena */
+  uint64_t pages;      /* arena pages held */
+  int device_pointers; /* 1: tensor `data` are device (CUDA) pointers; 0: host pointers */
+} loradb_batch_adapter_t;
+
+/* Residency statistics, counters since open. Set struct_size = sizeof(loradb_stats_t). */
+typedef struct loradb_stats_t {
+  size_t struct_size;
+  int tiers; /* 0: opened without tiers (everything below is 0) */
+  /* CPU cache */
+  uint64_t cpu_budget_bytes;
+  uint64_t cpu_hits;   /* acquires that found the revision resident */
+  uint64_t cpu_misses; /* acquires that did not (loaded, joined or rejected) */
+  uint64_t cpu_loads;  /* loads that succeeded */
+  uint64_t cpu_load_failures;
+  uint64_t cpu_joined;        /* requests that joined a load already pending (single flight) */
+  uint64_t cpu_rejections;    /* LORADB_RESOURCE_EXHAUSTED answers (load bound reached) */
+  uint64_t cpu_negative_hits; /* answered from the remembered failure of a recent load */
+  uint64_t cpu_prefetches;
+  uint64_t cpu_evictions;
+  uint64_t cpu_bytes_in;  /* bytes inserted by loads */
+  uint64_t cpu_bytes_out; /* bytes dropped by evictions */
+  uint64_t cpu_resident_bytes;
+  uint64_t cpu_resident_entries;
+  uint64_t cpu_leased_bytes;
+  uint64_t cpu_inflight_loads;
+  uint64_t cpu_queued_loads;
+  uint64_t cpu_load_p50_us; /* load latency quantiles (bucket upper bounds) */
+  uint64_t cpu_load_p99_us;
+  char eviction[16]; /* "lru", "s3fifo", "wtinylfu" (NUL-terminated) */
+  /* loader */
+  loradb_loader_t loader;    /* the loader actually running (never LORADB_LOADER_AUTO) */
+  int loader_io_uring_errno; /* why io_uring is not used (0: it is, or was not tried) */
+  uint64_t loader_files;
+  uint64_t loader_bytes;
+  uint64_t loader_checksum_failures;
+  uint64_t loader_read_errors;
+  /* device tier (all 0 when there is none) */
+  loradb_device_t device; /* LORADB_DEVICE_NONE, _HOST or _CUDA */
+  uint64_t device_batches;
+  uint64_t device_batch_failures;
+  uint64_t device_hits;
+  uint64_t device_misses;
+  uint64_t device_evictions;
+  uint64_t device_bytes_copied;
+  uint64_t device_resident_adapters;
+  uint64_t device_leased_adapters;
+  uint64_t device_arena_bytes;
+  uint64_t device_page_bytes;
+  uint64_t device_pages_total;
+  uint64_t device_pages_free;
+  uint64_t device_largest_free_run; /* pages */
+  uint64_t device_payload_bytes;
+  uint64_t device_page_waste_bytes; /* internal fragmentation: page rounding */
+  double device_fragmentation;      /* external: 1 - largest_free_run / pages_free */
+} loradb_stats_t;
 
 /* A tensor handed to loradb_publish_tensors (the caller owns the memory). `nbytes` must equal
  * the product of `shape` times the element size. PEFT names, e.g.
@@ -209,6 +308,38 @@ LORADB_EXPORT loradb_status_t loradb_options_set_blob_root(loradb_options_t* opt
  * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (value not 0/1); LORADB_INVALID_HANDLE. */
 LORADB_EXPORT loradb_status_t loradb_options_set_no_sync(loradb_options_t* options, int value);
 
+/* The CPU cache: byte budget (0: open the store without residency tiers) and eviction policy
+ * by name ("lru", "s3fifo", "wtinylfu"; NULL/empty keeps the default, W-TinyLFU).
+ * `expected_entries` sizes W-TinyLFU's frequency sketch (0: keep the default, 1024).
+ * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (options NULL, unknown policy name);
+ * LORADB_INVALID_HANDLE. Not thread-safe (see loradb_options_t). */
+LORADB_EXPORT loradb_status_t loradb_options_set_cpu_cache(loradb_options_t* options,
+                                                           uint64_t budget_bytes,
+                                                           const char* eviction,
+                                                           size_t eviction_len,
+                                                           uint64_t expected_entries);
+
+/* The loader and the bound on cold loads: `max_inflight_loads` run at once (>= 1), at most
+ * `max_queued_loads` more wait (0 allowed: no queue); past that, acquire and prefetch return
+ * LORADB_RESOURCE_EXHAUSTED with a retry-after hint. `negative_ttl_ms`: how long a failed load
+ * is remembered (repeated requests fail fast; 0: not remembered).
+ * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (options NULL, unknown loader value,
+ * max_inflight_loads 0, a value above 65536); LORADB_INVALID_HANDLE. Not thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_options_set_loader(loradb_options_t* options,
+                                                        loradb_loader_t loader,
+                                                        uint32_t max_inflight_loads,
+                                                        uint32_t max_queued_loads,
+                                                        uint32_t negative_ttl_ms);
+
+/* The device tier: backend, arena size in bytes and page size (0: 64 KiB; else a power of two
+ * >= 256 and <= arena_bytes). LORADB_DEVICE_NONE removes the device tier.
+ * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (options NULL, unknown device value, arena 0 with
+ * a device, bad page size); LORADB_INVALID_HANDLE. Not thread-safe. Whether the arena can be
+ * allocated (and CUDA is present) is checked by loradb_open. */
+LORADB_EXPORT loradb_status_t loradb_options_set_device(loradb_options_t* options,
+                                                        loradb_device_t device,
+                                                        uint64_t arena_bytes, uint64_t page_bytes);
+
 /* ---- store -------------------------------------------------------------------------------- */
 
 /* Opens (or creates) the store in directory `dir`. `options` may be NULL (defaults).
@@ -220,9 +351,12 @@ LORADB_EXPORT loradb_status_t loradb_open(const char* dir, size_t dir_len,
                                           const loradb_options_t* options, loradb_store_t** out,
                                           char** errmsg);
 
-/* Closes the store and sets *store to NULL. Must not race with other calls on the store; a
- * loradb_tensors_t read from it stays valid after close. Returns: LORADB_OK (also when *store
- * is NULL); LORADB_INVALID_ARGUMENT (store is NULL); LORADB_INVALID_HANDLE (already closed). */
+/* Closes the store and sets *store to NULL. Must not race with other calls on the store or its
+ * leases; a loradb_tensors_t read from it stays valid after close. Leases must be released
+ * first: while any loradb_lease_t / loradb_batch_lease_t of the store is alive, close returns
+ * LORADB_CONFLICT and changes nothing (the store stays open, *store is kept).
+ * Returns: LORADB_OK (also when *store is NULL); LORADB_INVALID_ARGUMENT (store is NULL);
+ * LORADB_INVALID_HANDLE (already closed); LORADB_CONFLICT (leases still alive). */
 LORADB_EXPORT loradb_status_t loradb_close(loradb_store_t** store);
 
 /* ---- bases -------------------------------------------------------------------------------- */
@@ -401,12 +535,130 @@ LORADB_EXPORT loradb_status_t loradb_alias_history(loradb_store_t* store, const 
                                                    size_t alias_len, char** json, size_t* json_len,
                                                    char** errmsg);
 
-/* Which base, checkpoint, revision and tier answer (policy, alias). Free out->base_name and
- * out->blob_path with loradb_free. Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (out NULL, wrong
- * struct_size, bad names); LORADB_NOT_FOUND; LORADB_INVALID_HANDLE; LORADB_IO_ERROR. */
+/* Which base, checkpoint, revision and tier answer (policy, alias). The tier is the live one
+ * (LORADB_TIER_GPU with its slot when the revision is in the device tier, else LORADB_TIER_CPU
+ * when in the CPU cache, else LORADB_TIER_STORAGE), with the leases on it now. Free
+ * out->base_name and out->blob_path with loradb_free. Returns: LORADB_OK;
+ * LORADB_INVALID_ARGUMENT (out NULL, wrong struct_size, bad names); LORADB_NOT_FOUND;
+ * LORADB_INVALID_HANDLE; LORADB_IO_ERROR. Thread-safe. */
 LORADB_EXPORT loradb_status_t loradb_locate(loradb_store_t* store, const char* policy,
                                             size_t policy_len, const char* alias, size_t alias_len,
                                             loradb_located_t* out, char** errmsg);
+
+/* ---- residency: CPU cache leases ----------------------------------------------------------- */
+
+/* A lease on revision `revision` in the CPU cache, loading it from storage when needed
+ * (concurrent misses of one revision share one load). Blocks until the load ends or
+ * `timeout_ms` passes (0: no limit; LORADB_UNAVAILABLE on timeout, the load continues).
+ * `retry_after_ms` (may be NULL) receives the suggested wait on LORADB_RESOURCE_EXHAUSTED, else
+ * 0. Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (out NULL); LORADB_NOT_FOUND (no such live
+ * revision, or its blob is missing); LORADB_CORRUPT (checksum mismatch); LORADB_RESOURCE_EXHAUSTED
+ * (load bound reached; *out stays NULL); LORADB_UNAVAILABLE (no tiers, or timeout);
+ * LORADB_IO_ERROR; LORADB_INVALID_HANDLE. A failed load is remembered briefly (see
+ * loradb_options_set_loader): repeated requests get the same code at once. Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_acquire(loradb_store_t* store, uint64_t revision,
+                                             uint32_t timeout_ms, loradb_lease_t** out,
+                                             uint32_t* retry_after_ms, char** errmsg);
+
+/* The leased revision's id in *revision. Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (NULL);
+ * LORADB_INVALID_HANDLE (released). Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_lease_revision(const loradb_lease_t* lease,
+                                                    uint64_t* revision);
+
+/* Number of tensors (every original tensor name, MoE expert members included); 0 for NULL or
+ * released leases. Thread-safe. */
+LORADB_EXPORT size_t loradb_lease_tensor_count(const loradb_lease_t* lease);
+
+/* The tensor at `index` (name, dtype, shape, host pointer, byte length), valid until the lease
+ * is released. Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (NULL, wrong struct_size);
+ * LORADB_OUT_OF_RANGE; LORADB_INVALID_HANDLE (released). Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_lease_tensor_at(const loradb_lease_t* lease, size_t index,
+                                                     loradb_tensor_view_t* view);
+
+/* The tensor called `name`. Returns: LORADB_OK; LORADB_INVALID_ARGUMENT; LORADB_NOT_FOUND;
+ * LORADB_INVALID_HANDLE. Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_lease_tensor_find(const loradb_lease_t* lease,
+                                                       const char* name, size_t name_len,
+                                                       loradb_tensor_view_t* view);
+
+/* Releases the lease (its views become invalid; the entry may now be evicted) and sets *lease
+ * to NULL. Returns: LORADB_OK (also when *lease is NULL); LORADB_INVALID_ARGUMENT (lease is
+ * NULL); LORADB_INVALID_HANDLE (already released: a stale copy). Thread-safe against other
+ * leases; not against other calls on the same lease. */
+LORADB_EXPORT loradb_status_t loradb_release(loradb_lease_t** lease);
+
+/* ---- residency: device batch leases -------------------------------------------------------- */
+
+/* One lease over the distinct revisions among `revisions[0..count)` (duplicates allowed) in the
+ * device tier: misses are loaded through the CPU cache and copied into the arena, unleased
+ * adapters are evicted least recently used first. All or nothing: on any error nothing stays
+ * pinned. `retry_after_ms` (may be NULL) as for loradb_acquire.
+ * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (revisions NULL, count 0 or > 65536, out NULL);
+ * LORADB_NOT_FOUND (a revision, named in the message); LORADB_CORRUPT;
+ * LORADB_RESOURCE_EXHAUSTED (the batch does not fit beside pinned adapters, or the load bound
+ * is reached); LORADB_UNAVAILABLE (no device tier); LORADB_IO_ERROR; LORADB_INVALID_HANDLE.
+ * Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_acquire_batch(loradb_store_t* store, const uint64_t* revisions,
+                                                   size_t count, loradb_batch_lease_t** out,
+                                                   uint32_t* retry_after_ms, char** errmsg);
+
+/* Number of distinct revisions in the batch (first-requested order); 0 for NULL or released.
+ * Thread-safe. */
+LORADB_EXPORT size_t loradb_batch_size(const loradb_batch_lease_t* batch);
+
+/* The adapter at `index` (0..size-1). Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (out NULL,
+ * wrong struct_size); LORADB_OUT_OF_RANGE; LORADB_INVALID_HANDLE. Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_batch_adapter(const loradb_batch_lease_t* batch, size_t index,
+                                                   loradb_batch_adapter_t* out);
+
+/* The index of `revision` in the batch. Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (index
+ * NULL); LORADB_NOT_FOUND (not in this batch); LORADB_INVALID_HANDLE. Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_batch_find(const loradb_batch_lease_t* batch,
+                                                uint64_t revision, size_t* index);
+
+/* Tensor `tensor_index` of adapter `adapter_index`; `data` is a device pointer when the
+ * adapter's device_pointers is 1. Valid until the batch is released.
+ * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT; LORADB_OUT_OF_RANGE (either index);
+ * LORADB_INVALID_HANDLE. Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_batch_tensor_at(const loradb_batch_lease_t* batch,
+                                                     size_t adapter_index, size_t tensor_index,
+                                                     loradb_tensor_view_t* view);
+
+/* The tensor called `name` of adapter `adapter_index`. Returns: LORADB_OK;
+ * LORADB_INVALID_ARGUMENT; LORADB_OUT_OF_RANGE; LORADB_NOT_FOUND; LORADB_INVALID_HANDLE. */
+LORADB_EXPORT loradb_status_t loradb_batch_tensor_find(const loradb_batch_lease_t* batch,
+                                                       size_t adapter_index, const char* name,
+                                                       size_t name_len, loradb_tensor_view_t* view);
+
+/* Releases every pin of the batch and sets *batch to NULL. Returns: LORADB_OK (also when
+ * *batch is NULL); LORADB_INVALID_ARGUMENT (batch is NULL); LORADB_INVALID_HANDLE (already
+ * released). Same thread rules as loradb_release. */
+LORADB_EXPORT loradb_status_t loradb_batch_release(loradb_batch_lease_t** batch);
+
+/* ---- residency: prefetch, evict, stats ----------------------------------------------------- */
+
+/* Starts loading `revision` into the CPU cache in the background (lower priority than
+ * acquires) unless it is resident or already loading. `retry_after_ms` as for loradb_acquire.
+ * Returns: LORADB_OK (resident, loading, or started); LORADB_NOT_FOUND (no such live revision;
+ * also a remembered failed load); LORADB_CORRUPT (remembered failed load);
+ * LORADB_RESOURCE_EXHAUSTED (load bound reached); LORADB_UNAVAILABLE (no tiers);
+ * LORADB_INVALID_HANDLE; LORADB_IO_ERROR. Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_prefetch(loradb_store_t* store, uint64_t revision,
+                                              uint32_t* retry_after_ms, char** errmsg);
+
+/* Drops `revision` from tier `tier` now (LORADB_TIER_CPU or LORADB_TIER_GPU).
+ * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (LORADB_TIER_STORAGE or an unknown tier);
+ * LORADB_NOT_FOUND (not resident in that tier); LORADB_CONFLICT (leased, or still loading or
+ * copying); LORADB_UNAVAILABLE (no tiers / no device tier); LORADB_INVALID_HANDLE.
+ * Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_evict(loradb_store_t* store, uint64_t revision,
+                                           loradb_tier_t tier, char** errmsg);
+
+/* Counters and gauges of the CPU cache, the loader and the device tier (a consistent snapshot
+ * per tier). Returns: LORADB_OK (also without tiers: out->tiers is 0); LORADB_INVALID_ARGUMENT
+ * (out NULL, wrong struct_size); LORADB_INVALID_HANDLE. Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_stats(loradb_store_t* store, loradb_stats_t* out,
+                                           char** errmsg);
 
 /* ---- checkpoints -------------------------------------------------------------------------- */
 

@@ -3,11 +3,16 @@
 // exception crosses this boundary: each entry point catches everything and reports
 // LORADB_INTERNAL (std::bad_alloc included).
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,13 +22,36 @@
 #include "absl/synchronization/mutex.h"
 #include "api/c/loradb.h"
 #include "storage/store/store.h"
+#include "storage/tiers/store_tiers.h"
 
 struct loradb_store_t {
   std::unique_ptr<loradb::Store> store;
+  // The residency tiers over `store` (declared after it: destroyed first). nullptr when the
+  // store was opened without tiers.
+  std::unique_ptr<loradb::tiers::StoreTiers> own_tiers;
+  loradb::tiers::StoreTiers* tiers = nullptr;
+  // Leases (CPU and batch) not yet released; loradb_close refuses while this is non-zero.
+  std::atomic<int64_t> leases{0};
 };
 
 struct loradb_options_t {
   loradb::StoreOptions options;
+  bool tiers_enabled = true;
+  loradb::tiers::StoreTiersOptions tiers = [] {
+    loradb::tiers::StoreTiersOptions t;
+    t.device = loradb::tiers::DeviceKind::kNone;
+    return t;
+  }();
+};
+
+struct loradb_lease_t {
+  loradb_store_t* store;
+  loradb::tiers::CpuLease lease;
+};
+
+struct loradb_batch_lease_t {
+  loradb_store_t* store;
+  loradb::tiers::DeviceBatchLease lease;
 };
 
 struct loradb_tensors_t {
@@ -388,6 +416,95 @@ loradb_status_t loradb_options_set_no_sync(loradb_options_t* options, int value)
   return LORADB_OK;
 }
 
+loradb_status_t loradb_options_set_cpu_cache(loradb_options_t* options, uint64_t budget_bytes,
+                                             const char* eviction, size_t eviction_len,
+                                             uint64_t expected_entries) {
+  char** errmsg = nullptr;
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (options == nullptr) return LORADB_INVALID_ARGUMENT;
+    if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
+    std::string name;
+    if (!ToString(eviction, eviction_len, &name)) return LORADB_INVALID_ARGUMENT;
+    loradb::tiers::EvictionPolicyKind policy = options->tiers.cpu.policy;
+    if (!name.empty()) {
+      absl::StatusOr<loradb::tiers::EvictionPolicyKind> parsed =
+          loradb::tiers::ParseEvictionPolicy(name);
+      if (!parsed.ok()) return LORADB_INVALID_ARGUMENT;
+      policy = *parsed;
+    }
+    // Validated first: a refused call changes nothing.
+    options->tiers_enabled = budget_bytes > 0;
+    if (budget_bytes > 0) options->tiers.cpu.budget_bytes = budget_bytes;
+    options->tiers.cpu.policy = policy;
+    if (expected_entries > 0) options->tiers.cpu.expected_entries = expected_entries;
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_options_set_loader(loradb_options_t* options, loradb_loader_t loader,
+                                          uint32_t max_inflight_loads, uint32_t max_queued_loads,
+                                          uint32_t negative_ttl_ms) {
+  if (options == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
+  constexpr uint32_t kMax = 65536;
+  if (max_inflight_loads == 0 || max_inflight_loads > kMax || max_queued_loads > kMax) {
+    return LORADB_INVALID_ARGUMENT;
+  }
+  loradb::tiers::LoaderBackend backend;
+  switch (static_cast<int>(loader)) {
+    case LORADB_LOADER_AUTO:
+      backend = loradb::tiers::LoaderBackend::kAuto;
+      break;
+    case LORADB_LOADER_IO_URING:
+      backend = loradb::tiers::LoaderBackend::kIoUring;
+      break;
+    case LORADB_LOADER_PREAD:
+      backend = loradb::tiers::LoaderBackend::kPread;
+      break;
+    default:
+      return LORADB_INVALID_ARGUMENT;
+  }
+  options->tiers.loader.backend = backend;
+  options->tiers.cpu.max_inflight_loads = max_inflight_loads;
+  options->tiers.cpu.max_queued_loads = max_queued_loads;
+  options->tiers.cpu.negative_ttl = absl::Milliseconds(negative_ttl_ms);
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_options_set_device(loradb_options_t* options, loradb_device_t device,
+                                          uint64_t arena_bytes, uint64_t page_bytes) {
+  if (options == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
+  loradb::tiers::DeviceKind kind;
+  switch (static_cast<int>(device)) {
+    case LORADB_DEVICE_NONE:
+      kind = loradb::tiers::DeviceKind::kNone;
+      break;
+    case LORADB_DEVICE_HOST:
+      kind = loradb::tiers::DeviceKind::kHost;
+      break;
+    case LORADB_DEVICE_CUDA:
+      kind = loradb::tiers::DeviceKind::kCuda;
+      break;
+    case LORADB_DEVICE_AUTO:
+      kind = loradb::tiers::DeviceKind::kAuto;
+      break;
+    default:
+      return LORADB_INVALID_ARGUMENT;
+  }
+  if (kind != loradb::tiers::DeviceKind::kNone) {
+    if (arena_bytes == 0) return LORADB_INVALID_ARGUMENT;
+    if (page_bytes != 0 &&
+        (page_bytes < 256 || (page_bytes & (page_bytes - 1)) != 0 || page_bytes > arena_bytes)) {
+      return LORADB_INVALID_ARGUMENT;
+    }
+    options->tiers.slots.arena_bytes = arena_bytes;
+    if (page_bytes != 0) options->tiers.slots.page_bytes = page_bytes;
+  }
+  options->tiers.device = kind;
+  return LORADB_OK;
+}
+
 // ---- store
 
 loradb_status_t loradb_open(const char* dir, size_t dir_len, const loradb_options_t* options,
@@ -407,11 +524,29 @@ loradb_status_t loradb_open(const char* dir, size_t dir_len, const loradb_option
       }
       opts = options->options;
     }
+    bool tiers_enabled = true;
+    loradb::tiers::StoreTiersOptions tier_opts = loradb_options_t().tiers;
+    if (options != nullptr) {
+      tiers_enabled = options->tiers_enabled;
+      tier_opts = options->tiers;
+    }
     absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(path, opts);
     if (!store.ok()) return Report(store.status(), errmsg);
-    auto* handle = new loradb_store_t{std::move(*store)};
-    Registry().Add(handle);
-    *out = handle;
+    auto handle = std::make_unique<loradb_store_t>();
+    handle->store = std::move(*store);
+    if (tiers_enabled) {
+      absl::StatusOr<std::unique_ptr<loradb::tiers::StoreTiers>> tiers =
+          loradb::tiers::StoreTiers::Open(handle->store.get(), tier_opts);
+      if (!tiers.ok()) {
+        return Report(absl::Status(tiers.status().code(),
+                                   absl::StrCat("residency tiers: ", tiers.status().message())),
+                      errmsg);
+      }
+      handle->own_tiers = std::move(*tiers);
+      handle->tiers = handle->own_tiers.get();
+    }
+    Registry().Add(handle.get());
+    *out = handle.release();
     return LORADB_OK;
   });
 }
@@ -419,6 +554,9 @@ loradb_status_t loradb_open(const char* dir, size_t dir_len, const loradb_option
 loradb_status_t loradb_close(loradb_store_t** store) {
   if (store == nullptr) return LORADB_INVALID_ARGUMENT;
   if (*store == nullptr) return LORADB_OK;
+  if (!Registry().Contains(*store)) return LORADB_INVALID_HANDLE;
+  // Leases point into the tiers: refuse (changing nothing) while any is alive.
+  if ((*store)->leases.load() != 0) return LORADB_CONFLICT;
   if (!Registry().Remove(*store)) return LORADB_INVALID_HANDLE;
   delete *store;
   *store = nullptr;
@@ -789,6 +927,9 @@ loradb_status_t loradb_locate(loradb_store_t* store, const char* policy, size_t 
     LORADB_C_CHECK_STRUCT(out, loradb_located_t);
     absl::StatusOr<loradb::Located> l = store->store->Locate(p, a);
     if (!l.ok()) return Report(l.status(), errmsg);
+    loradb::tiers::TierPlace place;  // storage, no leases, when there are no tiers
+    if (store->tiers != nullptr) place = store->tiers->Where(l->revision.id);
+    l->location.tier = place.tier;
     const size_t size = out->struct_size;
     std::memset(out, 0, sizeof(*out));
     out->struct_size = size;
@@ -804,6 +945,344 @@ loradb_status_t loradb_locate(loradb_store_t* store, const char* policy, size_t 
     out->revision_id = l->revision.id;
     out->tier = static_cast<loradb_tier_t>(static_cast<int>(l->location.tier));
     out->bytes = l->location.bytes;
+    out->has_slot = place.slot.has_value() ? 1 : 0;
+    out->slot = place.slot.value_or(0);
+    out->cpu_leases = place.cpu_leases;
+    out->device_leases = place.device_leases;
+    return LORADB_OK;
+  });
+}
+
+// ---- residency
+
+namespace {
+
+#define LORADB_C_CHECK_TIERS(h)                                                                 \
+  do {                                                                                          \
+    if ((h)->tiers == nullptr) {                                                                \
+      return Fail(LORADB_UNAVAILABLE,                                                           \
+                  "the store was opened without residency tiers (CPU cache budget 0)", errmsg); \
+    }                                                                                           \
+  } while (0)
+
+// The suggested wait after a ResourceExhausted: the cache's own hint when it gave one, else
+// the CPU cache's median load time (at least 10 ms). Always >= 1.
+uint32_t RetryAfterMs(const absl::Status& status, loradb::tiers::StoreTiers* tiers) {
+  std::optional<absl::Duration> hint = loradb::tiers::RetryAfterHint(status);
+  double ms = 10;
+  if (hint.has_value()) {
+    ms = absl::ToDoubleMilliseconds(*hint);
+  } else if (tiers != nullptr) {
+    ms = std::max(ms, absl::ToDoubleMilliseconds(tiers->cpu().stats().load_latency.Quantile(0.5)));
+  }
+  ms = std::ceil(std::max(ms, 1.0));
+  return ms > 3.6e6 ? 3600000u : static_cast<uint32_t>(ms);
+}
+
+loradb_status_t ReportResidency(const absl::Status& status, loradb_store_t* store,
+                                uint32_t* retry_after_ms, char** errmsg) {
+  if (retry_after_ms != nullptr && status.code() == absl::StatusCode::kResourceExhausted) {
+    *retry_after_ms = RetryAfterMs(status, store->tiers);
+  }
+  return Report(status, errmsg);
+}
+
+bool LeaseLive(const loradb_lease_t* l) { return l != nullptr && Registry().Contains(l); }
+bool BatchLive(const loradb_batch_lease_t* b) { return b != nullptr && Registry().Contains(b); }
+
+void FillDeviceView(const loradb::tiers::DeviceTensor& t, loradb_tensor_view_t* view) {
+  const size_t size = view->struct_size;
+  std::memset(view, 0, sizeof(*view));
+  view->struct_size = size;
+  view->name = t.name.data();
+  view->name_len = t.name.size();
+  view->dtype = static_cast<loradb_dtype_t>(static_cast<int>(t.dtype));
+  view->shape = t.shape.data();
+  view->ndim = t.shape.size();
+  view->data = t.data;
+  view->nbytes = t.nbytes;
+}
+
+uint64_t Micros(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Microseconds(d)); }
+
+}  // namespace
+
+loradb_status_t loradb_acquire(loradb_store_t* store, uint64_t revision, uint32_t timeout_ms,
+                               loradb_lease_t** out, uint32_t* retry_after_ms, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (retry_after_ms != nullptr) *retry_after_ms = 0;
+    LORADB_C_CHECK_STORE(store);
+    if (out == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "out is NULL", errmsg);
+    *out = nullptr;
+    LORADB_C_CHECK_TIERS(store);
+    std::optional<absl::Duration> timeout;
+    if (timeout_ms > 0) timeout = absl::Milliseconds(timeout_ms);
+    absl::StatusOr<loradb::tiers::CpuLease> lease =
+        store->tiers->cpu().Acquire(revision, loradb::tiers::LoadPriority::kDecode, timeout);
+    if (!lease.ok()) return ReportResidency(lease.status(), store, retry_after_ms, errmsg);
+    auto handle = std::make_unique<loradb_lease_t>();
+    handle->store = store;
+    handle->lease = *std::move(lease);
+    store->leases.fetch_add(1);
+    Registry().Add(handle.get());
+    *out = handle.release();
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_lease_revision(const loradb_lease_t* lease, uint64_t* revision) {
+  if (lease == nullptr || revision == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!LeaseLive(lease)) return LORADB_INVALID_HANDLE;
+  *revision = lease->lease.revision();
+  return LORADB_OK;
+}
+
+size_t loradb_lease_tensor_count(const loradb_lease_t* lease) {
+  return LeaseLive(lease) ? lease->lease.tensors().size() : 0;
+}
+
+loradb_status_t loradb_lease_tensor_at(const loradb_lease_t* lease, size_t index,
+                                       loradb_tensor_view_t* view) {
+  if (lease == nullptr || view == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!LeaseLive(lease)) return LORADB_INVALID_HANDLE;
+  if (view->struct_size != sizeof(loradb_tensor_view_t)) return LORADB_INVALID_ARGUMENT;
+  const loradb::TensorSet& set = lease->lease.tensors();
+  if (index >= set.size()) return LORADB_OUT_OF_RANGE;
+  FillView(set.tensors()[index], view);
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_lease_tensor_find(const loradb_lease_t* lease, const char* name,
+                                         size_t name_len, loradb_tensor_view_t* view) {
+  char** errmsg = nullptr;
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (lease == nullptr || view == nullptr) return LORADB_INVALID_ARGUMENT;
+    if (!LeaseLive(lease)) return LORADB_INVALID_HANDLE;
+    if (view->struct_size != sizeof(loradb_tensor_view_t)) return LORADB_INVALID_ARGUMENT;
+    std::string n;
+    if (!ToString(name, name_len, &n)) return LORADB_INVALID_ARGUMENT;
+    const loradb::TensorView* t = lease->lease.tensors().Find(n);
+    if (t == nullptr) return LORADB_NOT_FOUND;
+    FillView(*t, view);
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_release(loradb_lease_t** lease) {
+  if (lease == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (*lease == nullptr) return LORADB_OK;
+  if (!Registry().Remove(*lease)) return LORADB_INVALID_HANDLE;
+  loradb_store_t* store = (*lease)->store;
+  delete *lease;  // drops the pin
+  store->leases.fetch_sub(1);
+  *lease = nullptr;
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_acquire_batch(loradb_store_t* store, const uint64_t* revisions, size_t count,
+                                     loradb_batch_lease_t** out, uint32_t* retry_after_ms,
+                                     char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (retry_after_ms != nullptr) *retry_after_ms = 0;
+    LORADB_C_CHECK_STORE(store);
+    if (out == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "out is NULL", errmsg);
+    *out = nullptr;
+    if (revisions == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "revisions is NULL", errmsg);
+    if (count == 0 || count > 65536) {
+      return Fail(LORADB_INVALID_ARGUMENT,
+                  absl::StrCat("a batch holds 1..65536 revisions, got ", count), errmsg);
+    }
+    LORADB_C_CHECK_TIERS(store);
+    loradb::tiers::DeviceSlots* device = store->tiers->device();
+    if (device == nullptr) {
+      return Fail(LORADB_UNAVAILABLE,
+                  "the store was opened without a device tier (see loradb_options_set_device)",
+                  errmsg);
+    }
+    absl::StatusOr<loradb::tiers::DeviceBatchLease> lease =
+        device->AcquireBatch(std::span<const uint64_t>(revisions, count));
+    if (!lease.ok()) return ReportResidency(lease.status(), store, retry_after_ms, errmsg);
+    auto handle = std::make_unique<loradb_batch_lease_t>();
+    handle->store = store;
+    handle->lease = *std::move(lease);
+    store->leases.fetch_add(1);
+    Registry().Add(handle.get());
+    *out = handle.release();
+    return LORADB_OK;
+  });
+}
+
+size_t loradb_batch_size(const loradb_batch_lease_t* batch) {
+  return BatchLive(batch) ? batch->lease.size() : 0;
+}
+
+loradb_status_t loradb_batch_adapter(const loradb_batch_lease_t* batch, size_t index,
+                                     loradb_batch_adapter_t* out) {
+  if (batch == nullptr || out == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!BatchLive(batch)) return LORADB_INVALID_HANDLE;
+  if (out->struct_size != sizeof(loradb_batch_adapter_t)) return LORADB_INVALID_ARGUMENT;
+  if (index >= batch->lease.size()) return LORADB_OUT_OF_RANGE;
+  const loradb::tiers::DeviceAdapter& a = batch->lease[index];
+  const size_t size = out->struct_size;
+  std::memset(out, 0, sizeof(*out));
+  out->struct_size = size;
+  out->revision = a.revision;
+  out->slot = a.slot;
+  out->tensor_count = a.tensors.size();
+  out->bytes = a.bytes;
+  out->pages = a.pages;
+  out->device_pointers = batch->store->tiers->device()->backend().is_device() ? 1 : 0;
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_batch_find(const loradb_batch_lease_t* batch, uint64_t revision,
+                                  size_t* index) {
+  if (batch == nullptr || index == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!BatchLive(batch)) return LORADB_INVALID_HANDLE;
+  for (size_t i = 0; i < batch->lease.size(); ++i) {
+    if (batch->lease[i].revision == revision) {
+      *index = i;
+      return LORADB_OK;
+    }
+  }
+  return LORADB_NOT_FOUND;
+}
+
+loradb_status_t loradb_batch_tensor_at(const loradb_batch_lease_t* batch, size_t adapter_index,
+                                       size_t tensor_index, loradb_tensor_view_t* view) {
+  if (batch == nullptr || view == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (!BatchLive(batch)) return LORADB_INVALID_HANDLE;
+  if (view->struct_size != sizeof(loradb_tensor_view_t)) return LORADB_INVALID_ARGUMENT;
+  if (adapter_index >= batch->lease.size()) return LORADB_OUT_OF_RANGE;
+  const loradb::tiers::DeviceAdapter& a = batch->lease[adapter_index];
+  if (tensor_index >= a.tensors.size()) return LORADB_OUT_OF_RANGE;
+  FillDeviceView(a.tensors[tensor_index], view);
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_batch_tensor_find(const loradb_batch_lease_t* batch, size_t adapter_index,
+                                         const char* name, size_t name_len,
+                                         loradb_tensor_view_t* view) {
+  char** errmsg = nullptr;
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (batch == nullptr || view == nullptr) return LORADB_INVALID_ARGUMENT;
+    if (!BatchLive(batch)) return LORADB_INVALID_HANDLE;
+    if (view->struct_size != sizeof(loradb_tensor_view_t)) return LORADB_INVALID_ARGUMENT;
+    std::string n;
+    if (!ToString(name, name_len, &n)) return LORADB_INVALID_ARGUMENT;
+    if (adapter_index >= batch->lease.size()) return LORADB_OUT_OF_RANGE;
+    const loradb::tiers::DeviceTensor* t = batch->lease[adapter_index].Find(n);
+    if (t == nullptr) return LORADB_NOT_FOUND;
+    FillDeviceView(*t, view);
+    return LORADB_OK;
+  });
+}
+
+loradb_status_t loradb_batch_release(loradb_batch_lease_t** batch) {
+  if (batch == nullptr) return LORADB_INVALID_ARGUMENT;
+  if (*batch == nullptr) return LORADB_OK;
+  if (!Registry().Remove(*batch)) return LORADB_INVALID_HANDLE;
+  loradb_store_t* store = (*batch)->store;
+  delete *batch;  // drops every pin of the batch
+  store->leases.fetch_sub(1);
+  *batch = nullptr;
+  return LORADB_OK;
+}
+
+loradb_status_t loradb_prefetch(loradb_store_t* store, uint64_t revision, uint32_t* retry_after_ms,
+                                char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (retry_after_ms != nullptr) *retry_after_ms = 0;
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_CHECK_TIERS(store);
+    // Refuse unknown or deleted revisions here, so a typo is an error now rather than a
+    // failed background load later.
+    absl::StatusOr<loradb::RevisionRecord> rev = store->store->GetRevision(revision);
+    if (!rev.ok()) return Report(rev.status(), errmsg);
+    if (rev->state != loradb::RevisionState::kLive) {
+      return Fail(LORADB_NOT_FOUND, absl::StrCat("revision ", revision, " is deleted"), errmsg);
+    }
+    return ReportResidency(store->tiers->cpu().Prefetch(revision), store, retry_after_ms, errmsg);
+  });
+}
+
+loradb_status_t loradb_evict(loradb_store_t* store, uint64_t revision, loradb_tier_t tier,
+                             char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    if (tier != LORADB_TIER_CPU && tier != LORADB_TIER_GPU) {
+      return Fail(LORADB_INVALID_ARGUMENT, "evict from LORADB_TIER_CPU or LORADB_TIER_GPU", errmsg);
+    }
+    LORADB_C_CHECK_TIERS(store);
+    if (tier == LORADB_TIER_CPU) return Report(store->tiers->cpu().Evict(revision), errmsg);
+    loradb::tiers::DeviceSlots* device = store->tiers->device();
+    if (device == nullptr) {
+      return Fail(LORADB_UNAVAILABLE, "the store was opened without a device tier", errmsg);
+    }
+    return Report(device->Evict(revision), errmsg);
+  });
+}
+
+loradb_status_t loradb_stats(loradb_store_t* store, loradb_stats_t* out, char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_CHECK_STRUCT(out, loradb_stats_t);
+    const size_t size = out->struct_size;
+    std::memset(out, 0, sizeof(*out));
+    out->struct_size = size;
+    loradb::tiers::StoreTiers* t = store->tiers;
+    if (t == nullptr) return LORADB_OK;
+    out->tiers = 1;
+    const loradb::tiers::CpuCacheStats c = t->cpu().stats();
+    out->cpu_budget_bytes = t->cpu().options().budget_bytes;
+    out->cpu_hits = c.hits;
+    out->cpu_misses = c.misses;
+    out->cpu_loads = c.loads;
+    out->cpu_load_failures = c.load_failures;
+    out->cpu_joined = c.joined_waiters;
+    out->cpu_rejections = c.rejections;
+    out->cpu_negative_hits = c.negative_hits;
+    out->cpu_prefetches = c.prefetches;
+    out->cpu_evictions = c.evictions;
+    out->cpu_bytes_in = c.bytes_in;
+    out->cpu_bytes_out = c.bytes_out;
+    out->cpu_resident_bytes = c.resident_bytes;
+    out->cpu_resident_entries = c.resident_entries;
+    out->cpu_leased_bytes = c.leased_bytes;
+    out->cpu_inflight_loads = c.inflight_loads;
+    out->cpu_queued_loads = c.queued_loads;
+    out->cpu_load_p50_us = Micros(c.load_latency.Quantile(0.5));
+    out->cpu_load_p99_us = Micros(c.load_latency.Quantile(0.99));
+    std::snprintf(out->eviction, sizeof(out->eviction), "%s",
+                  loradb::tiers::EvictionPolicyName(t->cpu().options().policy));
+    const loradb::tiers::LoaderStats l = t->loader().stats();
+    out->loader = l.backend == loradb::tiers::LoaderBackend::kIoUring ? LORADB_LOADER_IO_URING
+                                                                      : LORADB_LOADER_PREAD;
+    out->loader_io_uring_errno = l.io_uring_init_errno;
+    out->loader_files = l.files;
+    out->loader_bytes = l.bytes;
+    out->loader_checksum_failures = l.checksum_failures;
+    out->loader_read_errors = l.read_errors;
+    loradb::tiers::DeviceSlots* device = t->device();
+    if (device == nullptr) return LORADB_OK;
+    const loradb::tiers::DeviceSlotsStats d = device->stats();
+    out->device = device->backend().is_device() ? LORADB_DEVICE_CUDA : LORADB_DEVICE_HOST;
+    out->device_batches = d.batches;
+    out->device_batch_failures = d.batch_failures;
+    out->device_hits = d.hits;
+    out->device_misses = d.misses;
+    out->device_evictions = d.evictions;
+    out->device_bytes_copied = d.bytes_copied;
+    out->device_resident_adapters = d.resident_adapters;
+    out->device_leased_adapters = d.leased_adapters;
+    out->device_arena_bytes = device->options().arena_bytes;
+    out->device_page_bytes = device->options().page_bytes;
+    out->device_pages_total = d.pages_total;
+    out->device_pages_free = d.pages_free;
+    out->device_largest_free_run = d.largest_free_run;
+    out->device_payload_bytes = d.payload_bytes;
+    out->device_page_waste_bytes = d.page_waste_bytes;
+    out->device_fragmentation = d.fragmentation;
     return LORADB_OK;
   });
 }

@@ -4,6 +4,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "api/http/event_server.h"
 #include "api/http/status_page.h"
 #include "storage/util/status_macros.h"
 
@@ -127,6 +129,7 @@ class ConnectionPool : public httplib::TaskQueue {
 
 struct Server::Impl {
   httplib::Server svr;
+  std::unique_ptr<EventServer> event;  // the kEventLoop engine, once bound
   std::mutex drain_mu;
   std::condition_variable drain_cv;
   bool serving = false;
@@ -205,8 +208,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     return absl::InvalidArgumentError("--auth-reads needs --token-file");
   }
   if (options.worker_threads < 1 || options.max_queued_connections < 1 ||
-      options.reject_threads < 1 || options.read_timeout_ms < 1 || options.write_timeout_ms < 1 ||
-      options.max_body_bytes < 1) {
+      options.handler_threads < 1 || options.event_threads < 0 || options.reject_threads < 1 ||
+      options.read_timeout_ms < 1 || options.write_timeout_ms < 1 || options.max_body_bytes < 1) {
     return absl::InvalidArgumentError("server limits must be positive");
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
@@ -221,6 +224,7 @@ void Server::AddMetricsSource(std::function<void(std::string*)> source) {
 }
 
 absl::Status Server::Bind() {
+  if (options_.engine == ServerEngine::kEventLoop) return BindEventLoop();
   httplib::Server& svr = impl_->svr;
   svr.set_payload_max_length(options_.max_body_bytes);
   // Headers and body go out in separate writes; without TCP_NODELAY, Nagle + delayed ACK add
@@ -313,11 +317,58 @@ absl::Status Server::Bind() {
   return absl::OkStatus();
 }
 
+absl::Status Server::BindEventLoop() {
+  EventServerOptions eo;
+  unsigned hw = std::thread::hardware_concurrency();
+  eo.threads = options_.event_threads > 0
+                   ? options_.event_threads
+                   : static_cast<int>(std::clamp<unsigned>(hw == 0 ? 2 : hw, 2, 8));
+  eo.handler_threads = options_.handler_threads;
+  eo.max_connections = static_cast<size_t>(options_.worker_threads) +
+                       static_cast<size_t>(options_.max_queued_connections);
+  eo.max_header_bytes = options_.max_header_bytes;
+  eo.max_body_bytes = options_.max_body_bytes;
+  eo.read_timeout_ms = options_.read_timeout_ms;
+  eo.write_timeout_ms = options_.write_timeout_ms;
+  eo.keep_alive_timeout_ms = options_.keep_alive_timeout_s * 1000;
+  eo.keep_alive_max_requests = options_.keep_alive_max_requests;
+  auto handler = [this](HttpRequest& req) -> Reply {
+    auto start = std::chrono::steady_clock::now();
+    std::string route = "unmatched";
+    // HEAD is answered by the GET route (the engine leaves the body out).
+    Reply reply =
+        Dispatch(req.method == "HEAD" ? "GET" : req.method, req.target, req.host, req.authorization,
+                 std::move(req.query), std::move(req.body), std::move(req.content_type), &route);
+    metrics_.Observe(
+        route, req.method, reply.status,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return reply;
+  };
+  absl::StatusOr<std::unique_ptr<EventServer>> ev =
+      EventServer::Bind(options_.host, options_.port, eo, &metrics_, std::move(handler));
+  if (!ev.ok()) return ev.status();
+  impl_->event = std::move(*ev);
+  port_ = impl_->event->port();
+  return absl::OkStatus();
+}
+
 absl::Status Server::Serve() {
   {
     std::lock_guard<std::mutex> lock(impl_->drain_mu);
     if (draining_.load()) return absl::OkStatus();
     impl_->serving = true;
+  }
+  if (options_.engine == ServerEngine::kEventLoop) {
+    if (impl_->event == nullptr) {
+      std::lock_guard<std::mutex> lock(impl_->drain_mu);
+      impl_->serving = false;
+      return absl::FailedPreconditionError("Serve called before a successful Bind");
+    }
+    impl_->event->Run();
+    std::lock_guard<std::mutex> lock(impl_->drain_mu);
+    impl_->serving = false;
+    impl_->drain_cv.notify_all();
+    return absl::OkStatus();
   }
   bool ok = impl_->svr.listen_after_bind();
   {
@@ -332,6 +383,14 @@ void Server::Shutdown() {
   draining_.store(true);
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
+  if (options_.engine == ServerEngine::kEventLoop) {
+    // The loops stop accepting, close idle connections and finish the requests already
+    // started (answering 503 to new ones on open connections) until the deadline.
+    if (impl_->event != nullptr) impl_->event->Drain(deadline);
+    std::unique_lock<std::mutex> lock(impl_->drain_mu);
+    impl_->drain_cv.wait(lock, [&] { return !impl_->serving; });
+    return;
+  }
   {
     std::unique_lock<std::mutex> lock(impl_->drain_mu);
     impl_->drain_cv.wait_until(lock, deadline, [&] { return metrics_.in_flight.load() == 0; });

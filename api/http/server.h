@@ -19,18 +19,36 @@
 
 namespace loradb::http {
 
+// How connections are served.
+enum class ServerEngine {
+  // A few event-loop threads (epoll, non-blocking sockets, keep-alive); the connection limit is
+  // worker_threads + max_queued_connections. The default.
+  kEventLoop,
+  // cpp-httplib with one worker thread per connection (worker_threads), max_queued_connections
+  // waiting, and reject_threads answering 503 past that (the engine of the first version).
+  kThreads,
+};
+
 struct ServerOptions {
+  ServerEngine engine = ServerEngine::kEventLoop;
+  // kEventLoop: loop threads (0: one per hardware thread, 2..8).
+  int event_threads = 0;
+  // kEventLoop: threads answering mutating calls (durable commits, adapter loads) off the
+  // loops. They block in I/O, and concurrent catalog commits overlap (alias moves under 64
+  // connections: ~190 req/s with 4, ~850 with 64; see BENCHMARKS.md), so there are many.
+  int handler_threads = 64;
   std::string host = "127.0.0.1";
   int port = 8080;  // 0 picks an ephemeral port (see Server::port()).
   // Bearer token for mutating calls (and reads with auth_reads). Empty: no token configured, so
   // mutating calls are refused (401) and only loopback addresses may be used.
   std::string token;
   bool auth_reads = false;
-  size_t max_body_bytes = 1 << 20;  // larger bodies get 413
-  int worker_threads = 64;          // connections served at once
-  int max_queued_connections = 64;  // accepted connections waiting for a worker
-  int reject_threads = 2;           // answer 503 to connections past the limits above
-  int read_timeout_ms = 5000;       // per read; bounds how long a slow client holds a worker
+  size_t max_body_bytes = 1 << 20;     // larger bodies get 413
+  size_t max_header_bytes = 16 << 10;  // kEventLoop: larger request heads get 431
+  int worker_threads = 64;             // connections served at once
+  int max_queued_connections = 64;     // accepted connections waiting for a worker
+  int reject_threads = 2;              // answer 503 to connections past the limits above
+  int read_timeout_ms = 5000;          // per read; bounds how long a slow client holds a worker
   int write_timeout_ms = 5000;
   int keep_alive_timeout_s = 5;
   int keep_alive_max_requests = 1000;
@@ -81,6 +99,7 @@ class Server {
   explicit Server(ServerOptions options);
   struct Impl;
   absl::Status AddSystemRoutes();
+  absl::Status BindEventLoop();
   Reply Dispatch(const std::string& method, const std::string& target,
                  const std::string& host_header, const std::string& authorization,
                  std::multimap<std::string, std::string> query, std::string body,

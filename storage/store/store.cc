@@ -14,6 +14,7 @@
 #include "storage/formats/peft.h"
 #include "storage/formats/safetensors.h"
 #include "storage/store/adapter_blob.h"
+#include "storage/tiers/store_tiers.h"
 #include "storage/util/file_util.h"
 #include "storage/util/hash.h"
 #include "storage/util/status_macros.h"
@@ -133,6 +134,8 @@ std::string CommonDType(const std::vector<TensorView>& tensors) {
 Store::Store(std::string dir, std::string blob_root, std::shared_ptr<Catalog> catalog)
     : dir_(std::move(dir)), blob_root_(std::move(blob_root)), catalog_(std::move(catalog)) {}
 
+Store::~Store() = default;
+
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
                                                    const StoreOptions& options) {
   if (!IsDir(dir) && !options.create_if_missing) {
@@ -148,6 +151,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
   LORADB_RETURN_IF_ERROR(CreateDirectories(blob_root));
   std::unique_ptr<Store> store(new Store(catalog->dir(), std::move(blob_root), catalog));
   store->lock_ = std::move(lock);
+  if (options.tiers.has_value()) {
+    LORADB_ASSIGN_OR_RETURN(store->tiers_, tiers::StoreTiers::Open(store.get(), *options.tiers));
+  }
   return store;
 }
 
@@ -453,7 +459,13 @@ absl::Status Store::SetEvalScore(uint64_t id, const std::string& name, float val
   return catalog_->SetEvalScore(id, name, value);
 }
 
-absl::Status Store::DeleteRevision(uint64_t id) { return catalog_->DeleteRevision(id); }
+absl::Status Store::DeleteRevision(uint64_t id) {
+  LORADB_RETURN_IF_ERROR(catalog_->DeleteRevision(id));
+  // Best effort: a leased copy stays until its leases end (the next load sees the revision is
+  // no longer live); NotFound just means it was not resident.
+  if (tiers_ != nullptr) tiers_->Drop(id);
+  return absl::OkStatus();
+}
 
 // ---- checkpoints
 
@@ -532,6 +544,11 @@ absl::StatusOr<Located> Store::Locate(const std::string& policy, const std::stri
   out.location.blob_path = BlobPath(out.revision.blob.hash);
   out.location.hash = out.revision.blob.hash;
   out.location.bytes = out.revision.blob.bytes;
+  if (tiers_ != nullptr) {
+    const tiers::TierPlace p = tiers_->Where(out.revision.id);
+    out.location.tier = p.tier;
+    out.location.slot = p.slot;
+  }
   return out;
 }
 

@@ -5,8 +5,9 @@
 // questions of Locate(), exports PEFT directories and verifies the whole store.
 //
 // Thread-safe. One Store per process per directory is the normal use; a second Store over the
-// same directory shares the same catalog environment. Residency tiers (CPU cache, device slots)
-// join later as members; Locate() reports the tier the bytes are in.
+// same directory shares the same catalog environment. Opened with StoreOptions::tiers, the Store
+// owns the residency tiers (loader, CPU cache, device slots: Store::tiers()) and Locate() reports
+// the tier (and device slot) the bytes are in now.
 #ifndef LORADB_STORAGE_STORE_STORE_H_
 #define LORADB_STORAGE_STORE_STORE_H_
 
@@ -21,9 +22,14 @@
 #include "absl/status/statusor.h"
 #include "storage/catalog/catalog.h"
 #include "storage/formats/tensor.h"
+#include "storage/tiers/tier_options.h"
 #include "storage/util/store_lock.h"
 
 namespace loradb {
+
+namespace tiers {
+class StoreTiers;
+}  // namespace tiers
 
 struct StoreOptions {
   // Create the store directory and catalog when missing (otherwise NotFound).
@@ -31,10 +37,13 @@ struct StoreOptions {
   // Where blob files live; default `<store>/blobs`. May be shared storage.
   std::string blob_root;
   CatalogOptions catalog;
+  // When set, the Store owns residency tiers built with these options (CPU cache budget and
+  // eviction policy, loader settings, device backend and arena): Store::tiers() is non-null.
+  std::optional<tiers::StoreTiersOptions> tiers;
 };
 
-// Where a revision's bytes are. Grows with the tiers: storage today, cpu / gpu when the tier
-// members exist.
+// Where a revision's bytes are: storage always; cpu / gpu when the Store owns tiers and the
+// revision is resident there (gpu wins when both).
 enum class Tier : uint8_t { kStorage = 0, kCpu = 1, kGpu = 2 };
 absl::string_view TierName(Tier tier);
 
@@ -43,6 +52,7 @@ struct Location {
   std::string blob_path;  // absolute path of the blob file (always set: storage is the floor)
   Hash128 hash;
   uint64_t bytes = 0;
+  std::optional<uint32_t> slot;  // the device slot when tier == kGpu
 };
 
 // Store::Locate's four answers.
@@ -99,9 +109,15 @@ class Store {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Store>> Open(
       const std::string& dir, const StoreOptions& options = {});
 
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
   const std::string& dir() const { return dir_; }
   const std::string& blob_root() const { return blob_root_; }
   Catalog& catalog() const { return *catalog_; }
+  // The residency tiers this Store owns; nullptr when opened without StoreOptions::tiers.
+  tiers::StoreTiers* tiers() const { return tiers_.get(); }
 
   // ---- bases
   // Registers a base with an explicit module table. AlreadyExists / InvalidArgument.
@@ -178,7 +194,8 @@ class Store {
                                                                     const std::string& alias) const;
   // Records an eval score (name -> value) on a revision.
   [[nodiscard]] absl::Status SetEvalScore(uint64_t id, const std::string& name, float value);
-  // FailedPrecondition while an alias points at it. The blob file stays until compaction.
+  // FailedPrecondition while an alias points at it. The blob file stays until compaction. With
+  // tiers, unleased copies are evicted at once; leased ones stay until released.
   [[nodiscard]] absl::Status DeleteRevision(uint64_t id);
 
   // ---- checkpoints
@@ -223,6 +240,8 @@ class Store {
   std::shared_ptr<Catalog> catalog_;
   // Held shared while the Store lives, so offline maintenance (compact, migrate) cannot start.
   StoreLock lock_;
+  // Declared last: destroyed first, while the catalog it reads through is still open.
+  std::unique_ptr<tiers::StoreTiers> tiers_;
 };
 
 }  // namespace loradb

@@ -90,12 +90,20 @@ TierPlace StoreTiers::Where(uint64_t revision) const {
   return p;
 }
 
+bool StoreTiers::Drop(uint64_t revision) {
+  bool dropped = false;
+  if (device_ != nullptr) dropped = device_->Evict(revision).ok();
+  if (cpu_->Evict(revision).ok()) dropped = true;
+  return dropped;
+}
+
 absl::StatusOr<TieredLocated> StoreTiers::Locate(const std::string& policy,
                                                  const std::string& alias) const {
   TieredLocated out;
   LORADB_ASSIGN_OR_RETURN(out.located, store_->Locate(policy, alias));
   TierPlace p = Where(out.located.revision.id);
   out.located.location.tier = p.tier;
+  out.located.location.slot = p.slot;
   out.slot = p.slot;
   return out;
 }

@@ -3,8 +3,9 @@
 // device slots over that cache. StoreTiers::Locate answers Store::Locate's four questions with
 // the tier (and device slot) the bytes are in now.
 //
-// The Store itself does not own these yet (its files belong to the catalog work); this is the
-// smallest hook that needs no change there. Blobs are read with formats/blob.h's ParseBlob
+// A Store opened with StoreOptions::tiers owns one (Store::tiers()) and its Locate reports the
+// live tier; StoreTiers::Open over a Store opened without tiers still works (the caller owns
+// it, and only StoreTiers::Locate sees its residency). Blobs are read with formats/blob.h's ParseBlob
 // (original tensor names as views); the per-revision LoRA settings are added to each entry's
 // metadata ("lora.r", "lora.alpha", "lora.use_rslora") so consumers find the scale source.
 #ifndef LORADB_STORAGE_TIERS_STORE_TIERS_H_
@@ -20,22 +21,9 @@
 #include "storage/tiers/cpu_cache.h"
 #include "storage/tiers/device_slots.h"
 #include "storage/tiers/loader.h"
+#include "storage/tiers/tier_options.h"
 
 namespace loradb::tiers {
-
-enum class DeviceKind {
-  kNone,  // no device tier
-  kHost,  // host-memory backend (no GPU needed)
-  kCuda,  // CUDA runtime backend; Open fails when no device is present
-  kAuto,  // CUDA when a device is present, else host
-};
-
-struct StoreTiersOptions {
-  LoaderOptions loader;
-  CpuCacheOptions cpu;
-  DeviceKind device = DeviceKind::kAuto;
-  DeviceSlotsOptions slots;
-};
 
 // Where a revision's bytes are, best tier first.
 struct TierPlace {
@@ -45,7 +33,8 @@ struct TierPlace {
   int device_leases = 0;
 };
 
-// Store::Locate's answers with the live tier.
+// Store::Locate's answers with the live tier (the same as Store::Locate when the Store owns
+// these tiers).
 struct TieredLocated {
   Located located;  // located.location.tier is the live tier
   std::optional<uint32_t> slot;
@@ -68,6 +57,9 @@ class StoreTiers {
                                                     LoadPriority priority = LoadPriority::kDecode);
 
   TierPlace Where(uint64_t revision) const;
+  // Evicts `revision` from the device and CPU tiers where it is resident and unleased; a leased
+  // or loading copy stays. Returns whether any tier dropped it.
+  bool Drop(uint64_t revision);
   [[nodiscard]] absl::StatusOr<TieredLocated> Locate(const std::string& policy,
                                                      const std::string& alias) const;
 

@@ -139,5 +139,105 @@ TEST_F(StoreTiersTest, CudaRequestedWithoutADeviceIsUnavailable) {
   EXPECT_EQ(tiers.status().code(), absl::StatusCode::kUnavailable);
 }
 
+// A Store opened with StoreOptions::tiers owns them: Store::Locate reports the live tier and
+// slot, DeleteRevision drops unleased copies.
+TEST(StoreOwnedTiersTest, StoreLocateReportsTheLiveTierAndSlot) {
+  ::loradb::testing::TempDir dir;
+  StoreOptions so;
+  so.tiers.emplace();
+  so.tiers->device = DeviceKind::kHost;
+  so.tiers->cpu.budget_bytes = 1 << 20;
+  so.tiers->slots.arena_bytes = 1 << 20;
+  so.tiers->slots.page_bytes = 4096;
+  auto s = Store::Open(dir.file("store"), so);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Store& store = **s;
+  ASSERT_NE(store.tiers(), nullptr);
+  ASSERT_NE(store.tiers()->device(), nullptr);
+  EXPECT_EQ(store.tiers()->cpu().options().budget_bytes, uint64_t{1} << 20);
+  ASSERT_TRUE(store
+                  .AddBaseFromModuleTable(
+                      "tiny", R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8,
+                                               "out": 16}]})")
+                  .ok());
+  ASSERT_TRUE(store.CreatePolicy("acme/support", "tiny").ok());
+  Adapter a;
+  a.Add(false, 4, 8, 1.0f);
+  a.Add(true, 16, 4, 2.0f);
+  PublishOptions po;
+  po.alias = "serving";
+  po.lora.alpha = 8.0f;
+  auto rev = store.PublishTensors("acme/support", a.views, po);
+  ASSERT_TRUE(rev.ok()) << rev.status();
+
+  auto loc = store.Locate("acme/support", "serving");
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->location.tier, Tier::kStorage);
+  EXPECT_FALSE(loc->location.slot.has_value());
+
+  ASSERT_TRUE(store.tiers()->cpu().Prefetch(rev->id).ok());
+  auto lease = store.tiers()->AcquireCpu(rev->id);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  loc = store.Locate("acme/support", "serving");
+  ASSERT_TRUE(loc.ok());
+  EXPECT_EQ(loc->location.tier, Tier::kCpu);
+  lease->Release();
+
+  uint32_t slot = 0;
+  {
+    auto batch = store.tiers()->device()->AcquireBatch(std::vector<uint64_t>{rev->id});
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    slot = batch->Find(rev->id)->slot;
+    loc = store.Locate("acme/support", "serving");
+    ASSERT_TRUE(loc.ok());
+    EXPECT_EQ(loc->location.tier, Tier::kGpu);
+    ASSERT_TRUE(loc->location.slot.has_value());
+    EXPECT_EQ(*loc->location.slot, slot);
+    // StoreTiers::Locate over the owned tiers agrees.
+    auto tl = store.tiers()->Locate("acme/support", "serving");
+    ASSERT_TRUE(tl.ok());
+    EXPECT_EQ(tl->located.location.tier, Tier::kGpu);
+    EXPECT_EQ(tl->slot, loc->location.slot);
+  }
+  // Still resident (unleased) on the device after the batch lease ends.
+  EXPECT_EQ(store.Locate("acme/support", "serving")->location.tier, Tier::kGpu);
+
+  // Deleting the revision drops it from both tiers (it is unleased).
+  auto rev2 = store.PublishTensors("acme/support", a.views, po);  // same bytes, new revision
+  ASSERT_TRUE(rev2.ok()) << rev2.status();
+  ASSERT_TRUE(store.DeleteRevision(rev->id).ok());
+  TierPlace p = store.tiers()->Where(rev->id);
+  EXPECT_EQ(p.tier, Tier::kStorage);
+  EXPECT_EQ(store.tiers()->cpu().stats().resident_entries, 0u);
+  EXPECT_EQ(store.tiers()->device()->stats().resident_adapters, 0u);
+  // A deleted revision is not loaded again.
+  EXPECT_EQ(store.tiers()->AcquireCpu(rev->id).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(StoreOwnedTiersTest, NoTiersByDefaultAndBadTierOptionsFailOpenCleanly) {
+  ::loradb::testing::TempDir dir;
+  {
+    auto s = Store::Open(dir.file("store"));
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ((*s)->tiers(), nullptr);
+  }
+  StoreOptions bad;
+  bad.tiers.emplace();
+  bad.tiers->cpu.budget_bytes = 0;
+  auto s = Store::Open(dir.file("store"), bad);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  bad.tiers->cpu.budget_bytes = 1 << 20;
+  bad.tiers->slots.page_bytes = 1000;  // not a power of two
+  bad.tiers->device = DeviceKind::kHost;
+  s = Store::Open(dir.file("store"), bad);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  // The failed opens left nothing held: the store opens again, with tiers.
+  bad.tiers->slots.page_bytes = 4096;
+  bad.tiers->slots.arena_bytes = 1 << 20;
+  s = Store::Open(dir.file("store"), bad);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE((*s)->tiers(), nullptr);
+}
+
 }  // namespace
 }  // namespace loradb::tiers

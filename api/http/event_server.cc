@@ -1,0 +1,761 @@
+#include "api/http/event_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace loradb::http {
+namespace {
+
+constexpr int kListenBacklog = 1024;
+constexpr int kTickMs = 50;                // deadline scan period
+constexpr int kLingerMs = 2000;            // how long a closing connection's input is drained
+constexpr size_t kLingerBytes = 64 << 20;  // ... and how much of it at most
+constexpr size_t kReadChunk = 16 << 10;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* Reason(int status) {
+  switch (status) {
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 411:
+      return "Length Required";
+    case 413:
+      return "Payload Too Large";
+    case 414:
+      return "URI Too Long";
+    case 415:
+      return "Unsupported Media Type";
+    case 422:
+      return "Unprocessable Content";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+  }
+}
+
+bool IsTokenChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+         std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+std::string DecodeQueryComponent(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '+') {
+      out.push_back(' ');
+    } else if (c == '%' && i + 2 < s.size() && HexValue(s[i + 1]) >= 0 && HexValue(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(HexValue(s[i + 1]) * 16 + HexValue(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::multimap<std::string, std::string> ParseQueryString(const std::string& query) {
+  std::multimap<std::string, std::string> out;
+  size_t start = 0;
+  while (start <= query.size()) {
+    size_t amp = query.find('&', start);
+    if (amp == std::string::npos) amp = query.size();
+    std::string part = query.substr(start, amp - start);
+    if (!part.empty()) {
+      size_t eq = part.find('=');
+      if (eq == std::string::npos) {
+        out.emplace(DecodeQueryComponent(part), "");
+      } else {
+        out.emplace(DecodeQueryComponent(part.substr(0, eq)),
+                    DecodeQueryComponent(part.substr(eq + 1)));
+      }
+    }
+    start = amp + 1;
+  }
+  return out;
+}
+
+struct EventServer::Conn {
+  int fd = -1;
+  uint64_t id = 0;
+  bool busy = false;       // a handler thread is answering its request
+  bool rejecting = false;  // past the connection limit: every request gets 503
+  bool lingering = false;  // response sent, input drained and dropped until EOF or deadline
+  bool close_after_write = false;
+  bool continue_sent = false;
+  bool peer_closed = false;  // the client shut down its sending side
+  int served = 0;
+  std::string in;
+  std::string out;
+  size_t out_off = 0;
+  size_t lingered = 0;
+  int64_t last_progress_ms = 0;
+  int64_t linger_deadline_ms = 0;
+};
+
+struct EventServer::Loop {
+  int epoll_fd = -1;
+  int wake_fd = -1;
+  bool listening = false;
+  int64_t listen_paused_until_ms = 0;  // out of file descriptors: accept again after this
+  std::unordered_map<int, std::unique_ptr<Conn>> conns;
+  // Replies finished by handler threads, written by the loop.
+  struct Done {
+    int fd;
+    uint64_t conn_id;
+    Reply reply;
+    bool head;
+    bool close;
+  };
+  std::mutex done_mu;
+  std::vector<Done> done;
+};
+
+struct EventServer::Job {
+  Loop* loop;
+  int fd;
+  uint64_t conn_id;
+  HttpRequest request;
+  bool head;
+  bool close;
+};
+
+EventServer::EventServer(EventServerOptions options, HttpMetrics* metrics, RequestHandler handler)
+    : options_(options), metrics_(metrics), handler_(std::move(handler)) {}
+
+EventServer::~EventServer() {
+  for (auto& loop : loops_) {
+    for (auto& [fd, c] : loop->conns) ::close(fd);
+    if (loop->epoll_fd >= 0) ::close(loop->epoll_fd);
+    if (loop->wake_fd >= 0) ::close(loop->wake_fd);
+  }
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+absl::StatusOr<std::unique_ptr<EventServer>> EventServer::Bind(const std::string& host, int port,
+                                                               EventServerOptions options,
+                                                               HttpMetrics* metrics,
+                                                               RequestHandler handler) {
+  if (options.threads < 1 || options.max_connections < 1 || options.max_header_bytes < 64 ||
+      options.read_timeout_ms < 1 || options.write_timeout_ms < 1) {
+    return absl::InvalidArgumentError("event server limits must be positive");
+  }
+  std::unique_ptr<EventServer> s(new EventServer(options, metrics, std::move(handler)));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  std::string port_text = absl::StrCat(port);
+  if (::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res) != 0 || res == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", host));
+  }
+  int fd = -1;
+  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, kListenBacklog) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot bind ", host, ":", port, " (in use or not permitted)"));
+  }
+  s->listen_fd_ = fd;
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return absl::InternalError("getsockname failed");
+  }
+  s->port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                        : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  for (int i = 0; i < options.threads; ++i) {
+    auto loop = std::make_unique<Loop>();
+    loop->epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+    loop->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (loop->epoll_fd < 0 || loop->wake_fd < 0) {
+      s->loops_.push_back(std::move(loop));
+      return absl::InternalError("epoll/eventfd creation failed");
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = loop->wake_fd;
+    ::epoll_ctl(loop->epoll_fd, EPOLL_CTL_ADD, loop->wake_fd, &ev);
+    // Every loop waits on the listening socket; EPOLLEXCLUSIVE wakes one of them per
+    // connection instead of all.
+    ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+    ev.data.fd = fd;
+    if (::epoll_ctl(loop->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      s->loops_.push_back(std::move(loop));
+      return absl::InternalError("epoll_ctl(listen) failed");
+    }
+    loop->listening = true;
+    s->loops_.push_back(std::move(loop));
+  }
+  return s;
+}
+
+void EventServer::Run() {
+  for (int i = 0; i < std::max(1, options_.handler_threads); ++i) {
+    handlers_.emplace_back([this] { HandlerMain(); });
+  }
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < loops_.size(); ++i) {
+    threads.emplace_back([this, i] { LoopMain(loops_[i].get()); });
+  }
+  LoopMain(loops_[0].get());
+  for (auto& t : threads) t.join();
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    jobs_stop_ = true;
+    jobs_.clear();  // their connections are closed
+  }
+  jobs_cv_.notify_all();
+  for (auto& t : handlers_) t.join();
+  handlers_.clear();
+}
+
+void EventServer::HandlerMain() {
+  for (;;) {
+    std::unique_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(jobs_mu_);
+      jobs_cv_.wait(lock, [&] { return jobs_stop_ || !jobs_.empty(); });
+      if (jobs_stop_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    Reply reply = handler_(job->request);
+    Loop* loop = job->loop;
+    {
+      std::lock_guard<std::mutex> lock(loop->done_mu);
+      loop->done.push_back({job->fd, job->conn_id, std::move(reply), job->head, job->close});
+    }
+    uint64_t one = 1;
+    ssize_t n = ::write(loop->wake_fd, &one, sizeof(one));
+    (void)n;
+  }
+}
+
+void EventServer::Complete(Loop* loop) {
+  std::vector<Loop::Done> done;
+  {
+    std::lock_guard<std::mutex> lock(loop->done_mu);
+    done.swap(loop->done);
+  }
+  for (Loop::Done& d : done) {
+    auto it = loop->conns.find(d.fd);
+    if (it == loop->conns.end() || it->second->id != d.conn_id) continue;  // closed meanwhile
+    Conn* c = it->second.get();
+    c->busy = false;
+    c->last_progress_ms = NowMs();
+    Respond(c, d.reply, d.head, d.close || draining_.load());
+    if (!Flush(loop, c, /*then_process=*/true)) continue;
+  }
+}
+
+void EventServer::Drain(std::chrono::steady_clock::time_point deadline) {
+  drain_deadline_ns_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count());
+  draining_.store(true);
+  for (auto& loop : loops_) {
+    uint64_t one = 1;
+    ssize_t n = ::write(loop->wake_fd, &one, sizeof(one));
+    (void)n;
+  }
+}
+
+void EventServer::LoopMain(Loop* loop) {
+  std::vector<epoll_event> events(256);
+  int64_t next_tick = NowMs() + kTickMs;
+  for (;;) {
+    if (draining_.load()) {
+      if (loop->listening) {
+        ::epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, listen_fd_, nullptr);
+        loop->listening = false;
+      }
+      // Idle connections (nothing received of a next request, nothing to send) close now.
+      std::vector<Conn*> idle;
+      for (auto& [fd, c] : loop->conns) {
+        if (c->in.empty() && c->out_off >= c->out.size() && !c->lingering && !c->busy) {
+          idle.push_back(c.get());
+        }
+      }
+      for (Conn* c : idle) Close(loop, c);
+      if (loop->conns.empty() || NowNs() >= drain_deadline_ns_.load()) break;
+    }
+    int n = ::epoll_wait(loop->epoll_fd, events.data(), static_cast<int>(events.size()), kTickMs);
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < n; ++i) {
+      const epoll_event& ev = events[static_cast<size_t>(i)];
+      if (ev.data.fd == loop->wake_fd) {
+        uint64_t v;
+        ssize_t r = ::read(loop->wake_fd, &v, sizeof(v));
+        (void)r;
+        Complete(loop);
+        continue;
+      }
+      if (ev.data.fd == listen_fd_) {
+        if (!draining_.load()) Accept(loop);
+        continue;
+      }
+      auto it = loop->conns.find(ev.data.fd);
+      if (it == loop->conns.end()) continue;
+      OnEvent(loop, it->second.get(), ev.events);
+    }
+    int64_t now = NowMs();
+    if (now >= next_tick) {
+      CheckDeadlines(loop);
+      next_tick = now + kTickMs;
+      if (!loop->listening && loop->listen_paused_until_ms != 0 &&
+          now >= loop->listen_paused_until_ms && !draining_.load()) {
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+        ev.data.fd = listen_fd_;
+        if (::epoll_ctl(loop->epoll_fd, EPOLL_CTL_ADD, listen_fd_, &ev) == 0) {
+          loop->listening = true;
+          loop->listen_paused_until_ms = 0;
+        }
+      }
+    }
+  }
+  std::vector<Conn*> rest;
+  for (auto& [fd, c] : loop->conns) rest.push_back(c.get());
+  for (Conn* c : rest) Close(loop, c);
+}
+
+void EventServer::Accept(Loop* loop) {
+  for (;;) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // The listener stays readable: stop watching it for a while rather than spin.
+        ::epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, listen_fd_, nullptr);
+        loop->listening = false;
+        loop->listen_paused_until_ms = NowMs() + 100;
+      }
+      return;  // EAGAIN: another loop took it
+    }
+    auto c = std::make_unique<Conn>();
+    c->fd = fd;
+    c->id = next_conn_id_.fetch_add(1);
+    c->last_progress_ms = NowMs();
+    if (open_.load() >= options_.max_connections) {
+      // Turned away with a 503 to its first request; bounded too: past a second limit of the
+      // same size, closed at once.
+      if (rejected_.load() >= options_.max_connections) {
+        metrics_->connections_rejected.fetch_add(1);
+        ::close(fd);
+        continue;
+      }
+      c->rejecting = true;
+      rejected_.fetch_add(1);
+      metrics_->connections_rejected.fetch_add(1);
+    } else {
+      open_.fetch_add(1);
+      metrics_->connections_open.fetch_add(1);
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.data.fd = fd;
+    Conn* raw = c.get();
+    loop->conns.emplace(fd, std::move(c));
+    if (::epoll_ctl(loop->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) Close(loop, raw);
+  }
+}
+
+void EventServer::Close(Loop* loop, Conn* c) {
+  ::epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
+  ::close(c->fd);
+  if (c->rejecting) {
+    rejected_.fetch_sub(1);
+  } else {
+    open_.fetch_sub(1);
+    metrics_->connections_open.fetch_sub(1);
+  }
+  loop->conns.erase(c->fd);  // destroys *c
+}
+
+void EventServer::OnEvent(Loop* loop, Conn* c, uint32_t events) {
+  if ((events & EPOLLERR) != 0) {
+    Close(loop, c);
+    return;
+  }
+  if ((events & EPOLLOUT) != 0 && c->out_off < c->out.size()) {
+    if (!Flush(loop, c, /*then_process=*/true)) return;
+  }
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) == 0) return;
+  char buf[kReadChunk];
+  const size_t bound = options_.max_header_bytes + options_.max_body_bytes + kReadChunk;
+  for (;;) {
+    // Edge-triggered: read until EAGAIN, or until one request's worth is buffered (then
+    // process it and come back for the rest).
+    bool overfull = false;
+    for (;;) {
+      ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
+      if (n > 0) {
+        c->last_progress_ms = NowMs();
+        if (c->lingering) {
+          c->lingered += static_cast<size_t>(n);
+          if (c->lingered > kLingerBytes) {
+            Close(loop, c);
+            return;
+          }
+          continue;
+        }
+        c->in.append(buf, static_cast<size_t>(n));
+        if (c->in.size() > bound) {
+          overfull = true;
+          break;
+        }
+        continue;
+      }
+      if (n == 0) {
+        c->peer_closed = true;
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        Close(loop, c);
+        return;
+      }
+      break;
+    }
+    if (c->lingering) {
+      if (c->peer_closed) Close(loop, c);
+      return;
+    }
+    if (!Process(loop, c)) return;
+    if (!overfull) break;
+    if (c->lingering) continue;  // answered with an error: drop the rest of the input
+    if (c->in.size() > bound) {
+      if (c->busy) {
+        // Over a request's worth pipelined behind a call still being handled: cut it off.
+        Close(loop, c);
+        return;
+      }
+      // More than one request's worth and nothing could be answered.
+      FailAndLinger(loop, c,
+                    ErrorReply(413, "payload_too_large", "more request bytes than one request"));
+      return;
+    }
+  }
+  if (c->peer_closed && !c->busy && c->out_off >= c->out.size()) Close(loop, c);
+}
+
+bool EventServer::Flush(Loop* loop, Conn* c, bool then_process) {
+  while (c->out_off < c->out.size()) {
+    ssize_t n = ::send(c->fd, c->out.data() + c->out_off, c->out.size() - c->out_off, MSG_NOSIGNAL);
+    if (n > 0) {
+      c->out_off += static_cast<size_t>(n);
+      c->last_progress_ms = NowMs();
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    Close(loop, c);
+    return false;
+  }
+  c->out.clear();
+  c->out_off = 0;
+  if (c->close_after_write) {
+    if (c->lingering && !c->peer_closed) {
+      // Half-close so the client sees the response end; drop its input until it closes.
+      ::shutdown(c->fd, SHUT_WR);
+      c->linger_deadline_ms = NowMs() + kLingerMs;
+      return true;
+    }
+    Close(loop, c);
+    return false;
+  }
+  // The response is out: a pipelined request may be waiting in the buffer.
+  if (then_process) {
+    if (!Process(loop, c)) return false;
+    if (c->peer_closed && !c->busy && c->out_off >= c->out.size()) {
+      Close(loop, c);
+      return false;
+    }
+  }
+  return true;
+}
+
+void EventServer::Respond(Conn* c, const Reply& reply, bool head, bool close) {
+  bool reply_closes = false;
+  for (const auto& [k, v] : reply.headers) {
+    if (absl::EqualsIgnoreCase(k, "Connection") && absl::EqualsIgnoreCase(v, "close")) {
+      reply_closes = true;
+    }
+  }
+  close = close || reply_closes || c->peer_closed;
+  std::string& out = c->out;
+  absl::StrAppend(&out, "HTTP/1.1 ", reply.status, " ", Reason(reply.status), "\r\n");
+  absl::StrAppend(&out, "Content-Type: ", reply.content_type, "\r\n");
+  absl::StrAppend(&out, "Content-Length: ", reply.body.size(), "\r\n");
+  for (const auto& [k, v] : reply.headers) {
+    if (absl::EqualsIgnoreCase(k, "Connection")) continue;
+    absl::StrAppend(&out, k, ": ", v, "\r\n");
+  }
+  absl::StrAppend(&out, "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n");
+  absl::StrAppend(&out, close ? "Connection: close\r\n\r\n" : "Connection: keep-alive\r\n\r\n");
+  if (!head) out.append(reply.body);
+  c->close_after_write = close;
+}
+
+bool EventServer::FailAndLinger(Loop* loop, Conn* c, const Reply& reply) {
+  metrics_->Observe("unmatched", "-", reply.status, 0);
+  c->in.clear();
+  c->lingering = true;
+  Respond(c, reply, /*head=*/false, /*close=*/true);
+  return Flush(loop, c, /*then_process=*/false);
+}
+
+bool EventServer::Process(Loop* loop, Conn* c) {
+  while (!c->lingering && !c->busy && c->out_off >= c->out.size() && !c->in.empty()) {
+    size_t head_end = c->in.find("\r\n\r\n");
+    if (head_end == std::string::npos) {
+      if (c->in.size() > options_.max_header_bytes) {
+        return FailAndLinger(
+            loop, c,
+            ErrorReply(431, "headers_too_large",
+                       absl::StrCat("request head exceeds ", options_.max_header_bytes, " bytes")));
+      }
+      return true;  // wait for more
+    }
+    if (head_end + 4 > options_.max_header_bytes) {
+      return FailAndLinger(
+          loop, c,
+          ErrorReply(431, "headers_too_large",
+                     absl::StrCat("request head exceeds ", options_.max_header_bytes, " bytes")));
+    }
+    // Request line.
+    absl::string_view head(c->in.data(), head_end);
+    size_t eol = head.find("\r\n");
+    absl::string_view line = head.substr(0, eol);
+    HttpRequest req;
+    size_t sp1 = line.find(' ');
+    size_t sp2 = sp1 == absl::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+    auto bad = [&](const std::string& why) {
+      return FailAndLinger(loop, c, ErrorReply(400, "bad_request", why));
+    };
+    if (sp1 == absl::string_view::npos || sp2 == absl::string_view::npos || sp1 == 0) {
+      return bad("malformed request line");
+    }
+    req.method = std::string(line.substr(0, sp1));
+    req.target = std::string(line.substr(sp1 + 1, sp2 - sp1 - 1));
+    absl::string_view version = line.substr(sp2 + 1);
+    if (!std::all_of(req.method.begin(), req.method.end(), IsTokenChar)) {
+      return bad("malformed method");
+    }
+    if (req.target.empty() || req.target[0] != '/' ||
+        req.target.find_first_of(" \t\r\n") != std::string::npos) {
+      return bad("request target must be an absolute path");
+    }
+    bool http11;
+    if (version == "HTTP/1.1") {
+      http11 = true;
+    } else if (version == "HTTP/1.0") {
+      http11 = false;
+    } else {
+      return bad("only HTTP/1.0 and HTTP/1.1 are served");
+    }
+    // Headers.
+    bool keep_alive = http11;
+    bool has_length = false, chunked = false, expect_continue = false;
+    uint64_t content_length = 0;
+    size_t pos = eol == absl::string_view::npos ? head.size() : eol + 2;
+    while (pos < head.size()) {
+      size_t end = head.find("\r\n", pos);
+      if (end == absl::string_view::npos) end = head.size();
+      absl::string_view h = head.substr(pos, end - pos);
+      pos = end + 2;
+      size_t colon = h.find(':');
+      if (colon == absl::string_view::npos || colon == 0 || h[0] == ' ' || h[0] == '\t') {
+        return bad("malformed header line");
+      }
+      absl::string_view name = h.substr(0, colon);
+      if (!std::all_of(name.begin(), name.end(), IsTokenChar)) return bad("malformed header name");
+      absl::string_view value = absl::StripAsciiWhitespace(h.substr(colon + 1));
+      if (absl::EqualsIgnoreCase(name, "Content-Length")) {
+        uint64_t v = 0;
+        if (has_length || value.empty() ||
+            !std::all_of(value.begin(), value.end(),
+                         [](char ch) { return ch >= '0' && ch <= '9'; }) ||
+            !absl::SimpleAtoi(value, &v)) {
+          return bad("malformed or repeated Content-Length");
+        }
+        has_length = true;
+        content_length = v;
+      } else if (absl::EqualsIgnoreCase(name, "Transfer-Encoding")) {
+        chunked = true;
+      } else if (absl::EqualsIgnoreCase(name, "Connection")) {
+        const std::string lower = absl::AsciiStrToLower(value);
+        if (absl::StrContains(lower, "close")) keep_alive = false;
+        if (absl::StrContains(lower, "keep-alive")) keep_alive = true;
+      } else if (absl::EqualsIgnoreCase(name, "Host")) {
+        req.host = std::string(value);
+      } else if (absl::EqualsIgnoreCase(name, "Authorization")) {
+        req.authorization = std::string(value);
+      } else if (absl::EqualsIgnoreCase(name, "Content-Type")) {
+        req.content_type = std::string(value);
+      } else if (absl::EqualsIgnoreCase(name, "Expect")) {
+        if (absl::EqualsIgnoreCase(value, "100-continue")) expect_continue = true;
+      }
+    }
+    if (chunked) {
+      // Chunked bodies are not bounded by Content-Length: refused before they are read.
+      return FailAndLinger(
+          loop, c,
+          ErrorReply(411, "length_required",
+                     "chunked request bodies are not accepted; send Content-Length"));
+    }
+    if (content_length > options_.max_body_bytes) {
+      return FailAndLinger(
+          loop, c,
+          ErrorReply(413, "payload_too_large",
+                     absl::StrCat("request body of ", content_length,
+                                  " bytes exceeds the limit of ", options_.max_body_bytes)));
+    }
+    const size_t total = head_end + 4 + static_cast<size_t>(content_length);
+    if (c->in.size() < total) {
+      if (expect_continue && !c->continue_sent && c->in.size() == head_end + 4) {
+        c->continue_sent = true;
+        c->out = "HTTP/1.1 100 Continue\r\n\r\n";
+        c->out_off = 0;
+        return Flush(loop, c, /*then_process=*/false);
+      }
+      return true;  // wait for the rest of the body
+    }
+    req.body = c->in.substr(head_end + 4, static_cast<size_t>(content_length));
+    c->in.erase(0, total);
+    c->continue_sent = false;
+    size_t q = req.target.find('?');
+    if (q != std::string::npos) req.query = ParseQueryString(req.target.substr(q + 1));
+    ++c->served;
+    bool close = !keep_alive || c->served >= options_.keep_alive_max_requests || draining_.load() ||
+                 c->rejecting;
+    const bool head_only = req.method == "HEAD";
+    Reply reply;
+    if (c->rejecting) {
+      reply = ErrorReply(503, "unavailable", "too many connections; retry later");
+      reply.headers.emplace_back("Retry-After", "1");
+      metrics_->Observe("unmatched", req.method, 503, 0);
+    } else if (req.method != "GET" && req.method != "HEAD") {
+      // Mutating: a handler thread answers; Complete() writes the reply.
+      c->busy = true;
+      auto job =
+          std::make_unique<Job>(Job{loop, c->fd, c->id, std::move(req), /*head=*/false, close});
+      {
+        std::lock_guard<std::mutex> lock(jobs_mu_);
+        jobs_.push_back(std::move(job));
+      }
+      jobs_cv_.notify_one();
+      return true;
+    } else {
+      reply = handler_(req);
+    }
+    Respond(c, reply, head_only, close);
+    if (!Flush(loop, c, /*then_process=*/false)) return false;
+    // Out in full: the loop takes the next pipelined request; else EPOLLOUT continues.
+  }
+  return true;
+}
+
+void EventServer::CheckDeadlines(Loop* loop) {
+  const int64_t now = NowMs();
+  std::vector<Conn*> expired;
+  for (auto& [fd, c] : loop->conns) {
+    int64_t limit;
+    if (c->busy) continue;  // its handler is running: the request is not the client's to finish
+    if (c->lingering && c->out_off >= c->out.size()) {
+      if (now >= c->linger_deadline_ms) expired.push_back(c.get());
+      continue;
+    }
+    if (c->out_off < c->out.size()) {
+      limit = options_.write_timeout_ms;
+    } else if (c->in.empty() && c->served > 0) {
+      limit = options_.keep_alive_timeout_ms;  // idle between requests
+    } else {
+      limit = options_.read_timeout_ms;  // waiting for (the rest of) a request
+    }
+    if (now - c->last_progress_ms >= limit) expired.push_back(c.get());
+  }
+  for (Conn* c : expired) Close(loop, c);
+}
+
+}  // namespace loradb::http

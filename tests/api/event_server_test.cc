@@ -1,0 +1,326 @@
+// The event-loop engine of the HTTP endpoint, driven over raw loopback sockets: keep-alive and
+// pipelining, HEAD, query decoding, every limit (head 431, body 413 with a lingering close,
+// chunked 411, malformed 400, connection count 503), the read timeout for silent clients, and
+// the drain finishing a request that was half received when shutdown began.
+#include "api/http/event_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "api/http/server.h"
+
+namespace loradb::http {
+namespace {
+
+class EventServerTest : public ::testing::Test {
+ protected:
+  void Start(ServerOptions options = {}) {
+    options.host = "127.0.0.1";
+    options.port = 0;
+    options.token = "test-token-0123456789";
+    options.engine = ServerEngine::kEventLoop;
+    if (options.event_threads == 0) options.event_threads = 2;
+    auto server = Server::Create(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_TRUE(server_->router()
+                    ->Add(MakeRoute("GET", "/echo",
+                                    [](const Call& c) -> absl::StatusOr<Reply> {
+                                      nlohmann::json q = nlohmann::json::object();
+                                      for (const auto& [k, v] : c.query) q[k] = v;
+                                      return Reply::Json({{"query", q}});
+                                    },
+                                    {}))
+                    .ok());
+    ASSERT_TRUE(server_->router()
+                    ->Add(MakeRoute("POST", "/echo",
+                                    [](const Call& c) -> absl::StatusOr<Reply> {
+                                      return Reply::Json({{"body", c.body}}, 201);
+                                    },
+                                    {}))
+                    .ok());
+    ASSERT_TRUE(server_->router()
+                    ->Add(MakeRoute("POST", "/block",
+                                    [this](const Call&) -> absl::StatusOr<Reply> {
+                                      unblock_.get_future().wait();
+                                      return Reply::Json({{"unblocked", true}});
+                                    },
+                                    {}))
+                    .ok());
+    ASSERT_TRUE(server_->Bind().ok());
+    thread_ = std::thread([this] { serve_status_ = server_->Serve(); });
+  }
+
+  void TearDown() override {
+    if (!unblocked_) unblock_.set_value();  // a failed test must not leave a handler waiting
+    if (server_ != nullptr) {
+      server_->Shutdown();
+      thread_.join();
+      EXPECT_TRUE(serve_status_.ok()) << serve_status_;
+    }
+  }
+
+  int Connect() {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    timeval tv{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+  }
+
+  static void Send(int fd, const std::string& data) {
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      off += static_cast<size_t>(n);
+    }
+  }
+
+  // Reads until `count` complete responses (by Content-Length) arrived or the peer closed.
+  static std::string ReadResponses(int fd, int count) {
+    std::string buf;
+    char chunk[8192];
+    for (;;) {
+      int complete = 0;
+      size_t pos = 0;
+      for (;;) {
+        size_t end = buf.find("\r\n\r\n", pos);
+        if (end == std::string::npos) break;
+        size_t cl = buf.find("Content-Length: ", pos);
+        size_t len = 0;
+        if (cl != std::string::npos && cl < end) len = std::stoul(buf.substr(cl + 16));
+        if (buf.size() < end + 4 + len) break;
+        ++complete;
+        pos = end + 4 + len;
+      }
+      if (complete >= count) return buf;
+      ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+      if (n <= 0) return buf;
+      buf.append(chunk, static_cast<size_t>(n));
+    }
+  }
+
+  // Everything until the peer closes (or the 30 s receive timeout).
+  static std::string ReadToClose(int fd) {
+    std::string buf;
+    char chunk[8192];
+    for (;;) {
+      ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+      if (n <= 0) return buf;
+      buf.append(chunk, static_cast<size_t>(n));
+    }
+  }
+
+  std::promise<void> unblock_;
+  bool unblocked_ = false;
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  absl::Status serve_status_;
+};
+
+int Count(const std::string& hay, const std::string& needle) {
+  int n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+TEST_F(EventServerTest, KeepAlivePipeliningHeadAndQuery) {
+  Start();
+  int fd = Connect();
+  Send(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  std::string r = ReadResponses(fd, 1);
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200 OK\r\n")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Connection: keep-alive")) << r;
+  // Three pipelined requests in one write, answered in order on the same connection.
+  Send(fd,
+       "GET /echo?a=1&b=x%2Fy+z&c HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+       "HEAD /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+       "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+       "Content-Type: application/json\r\nContent-Length: 5\r\n\r\nhello");
+  r = ReadResponses(fd, 3);
+  EXPECT_EQ(Count(r, "HTTP/1.1 "), 3) << r;
+  EXPECT_TRUE(absl::StrContains(r, R"({"query":{"a":"1","b":"x/y z","c":""}})")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "HTTP/1.1 201 Created")) << r;
+  EXPECT_TRUE(absl::StrContains(r, R"({"body":"hello"})")) << r;
+  // The HEAD response has a Content-Length but no body: the next response follows its head.
+  EXPECT_TRUE(absl::StrContains(r, "keep-alive\r\n\r\nHTTP/1.1 201")) << r;
+  // HTTP/1.0 without keep-alive: answered, then closed.
+  Send(fd, "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  r = ReadToClose(fd);
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Connection: close")) << r;
+  ::close(fd);
+}
+
+TEST_F(EventServerTest, LimitsAnswerWithJsonErrors) {
+  ServerOptions o;
+  o.max_body_bytes = 1000;
+  o.max_header_bytes = 2048;
+  Start(o);
+  struct Case {
+    std::string request;
+    std::string status;
+    std::string code;
+  };
+  const std::string auth = "Authorization: Bearer test-token-0123456789\r\n";
+  std::vector<Case> cases = {
+      {"GET /healthz HTTP/1.1\r\nX-Big: " + std::string(4000, 'a') + "\r\n\r\n", "431",
+       "headers_too_large"},
+      {"POST /echo HTTP/1.1\r\n" + auth + "Content-Length: 5000\r\n\r\n" + std::string(5000, 'b'),
+       "413", "payload_too_large"},
+      {"POST /echo HTTP/1.1\r\n" + auth +
+           "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+       "411", "length_required"},
+      {"GARBAGE\r\n\r\n", "400", "bad_request"},
+      {"GET no-slash HTTP/1.1\r\n\r\n", "400", "bad_request"},
+      {"GET / HTTP/2.0\r\n\r\n", "400", "bad_request"},
+      {"POST /echo HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "400",
+       "bad_request"},
+      {"POST /echo HTTP/1.1\r\nContent-Length: -1\r\n\r\n", "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\n folded: header\r\n\r\n", "400", "bad_request"},
+  };
+  for (const Case& c : cases) {
+    int fd = Connect();
+    Send(fd, c.request);
+    std::string r = ReadToClose(fd);  // the error closes the connection
+    EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 " + c.status)) << c.request.substr(0, 60) << r;
+    EXPECT_TRUE(absl::StrContains(r, "\"code\":\"" + c.code + "\"")) << r;
+    EXPECT_TRUE(absl::StrContains(r, "Connection: close")) << r;
+    ::close(fd);
+  }
+  // The server is fine afterwards.
+  int fd = Connect();
+  Send(fd, "GET /healthz HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(ReadResponses(fd, 1), "HTTP/1.1 200"));
+  ::close(fd);
+}
+
+TEST_F(EventServerTest, ExpectContinueGetsAnInterimResponse) {
+  Start();
+  int fd = Connect();
+  Send(fd,
+       "POST /echo HTTP/1.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+       "Expect: 100-continue\r\nContent-Length: 3\r\n\r\n");
+  char buf[256];
+  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)), "HTTP/1.1 100 Continue\r\n\r\n");
+  Send(fd, "abc");
+  std::string r = ReadResponses(fd, 1);
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 201")) << r;
+  ::close(fd);
+}
+
+TEST_F(EventServerTest, ConnectionLimitAndReadTimeout) {
+  ServerOptions o;
+  o.worker_threads = 2;
+  o.max_queued_connections = 1;  // at most 3 connections
+  o.read_timeout_ms = 800;
+  Start(o);
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(Connect());
+  // Wait until the server has accepted all three (the gauge counts them).
+  for (int i = 0; i < 2000 && server_->metrics().connections_open.load() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(server_->metrics().connections_open.load(), 3);
+  int extra = Connect();
+  Send(extra, "GET /healthz HTTP/1.1\r\n\r\n");
+  std::string r = ReadToClose(extra);
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 503")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "too many connections")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Retry-After: 1")) << r;
+  ::close(extra);
+  EXPECT_GE(server_->metrics().connections_rejected.load(), 1u);
+  // The silent connections are closed by the read timeout: recv sees EOF.
+  for (int fd : idle) {
+    EXPECT_EQ(ReadToClose(fd), "");
+    ::close(fd);
+  }
+  int fd = Connect();
+  Send(fd, "GET /healthz HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(ReadResponses(fd, 1), "HTTP/1.1 200"));
+  ::close(fd);
+}
+
+TEST_F(EventServerTest, DrainFinishesAHalfReceivedRequest) {
+  Start();
+  int busy = Connect();
+  int idle = Connect();
+  Send(idle, "GET /healthz HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(ReadResponses(idle, 1), "HTTP/1.1 200"));
+  Send(busy,
+       "POST /echo HTTP/1.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+       "Content-Length: 10\r\n\r\n01234");
+  // Ordering only: let the loop read the first half before the drain starts.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::thread stopper([this] { server_->Shutdown(); });
+  // The idle keep-alive connection is closed at once.
+  EXPECT_EQ(ReadToClose(idle), "");
+  Send(busy, "56789");
+  std::string r = ReadToClose(busy);
+  // The request finishes: the handler answers 503 (shutting down) and the connection closes.
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 503")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "shutting down")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Connection: close")) << r;
+  stopper.join();
+  thread_.join();
+  EXPECT_TRUE(serve_status_.ok());
+  server_.reset();
+  ::close(busy);
+  ::close(idle);
+}
+
+TEST_F(EventServerTest, AMutatingCallInProgressDoesNotStallReads) {
+  ServerOptions o;
+  o.event_threads = 1;  // one loop: a handler running on it would stall every connection
+  Start(o);
+  int writer = Connect();
+  int reader = Connect();
+  Send(writer,
+       "POST /block HTTP/1.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+       "Content-Length: 0\r\n\r\n");
+  // The POST's handler waits for unblock_; reads on the same loop are answered meanwhile.
+  for (int i = 0; i < 3; ++i) {
+    Send(reader, "GET /healthz HTTP/1.1\r\n\r\n");
+    std::string r = ReadResponses(reader, 1);
+    EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
+  }
+  unblock_.set_value();
+  unblocked_ = true;
+  std::string r = ReadResponses(writer, 1);
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
+  EXPECT_TRUE(absl::StrContains(r, R"({"unblocked":true})")) << r;
+  ::close(writer);
+  ::close(reader);
+}
+
+TEST(EventServerQueryTest, DecodesLikeAFormParser) {
+  auto q = ParseQueryString("a=1&a=2&b=%41%zz+&&c&=e");
+  EXPECT_EQ(q.count("a"), 2u);
+  EXPECT_EQ(q.find("b")->second, "A%zz ");
+  EXPECT_EQ(q.find("c")->second, "");
+  EXPECT_EQ(q.find("")->second, "e");
+  EXPECT_EQ(DecodeQueryComponent("%2F%2f%"), "//%");
+}
+
+}  // namespace
+}  // namespace loradb::http
