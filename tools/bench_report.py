@@ -99,7 +99,8 @@ def num(v, digits=3):
     if a >= 1000:
         return f"{v:,.0f}"
     if a >= 1e-3:
-        decimals = max(0, digits - 1 - int(math.floor(math.log10(a))))
+        v = float(f"{v:.{digits}g}")  # round first: 9.9996 -> 10.0, not 10.00
+        decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(v)))))
         return f"{v:.{decimals}f}"
     return f"{v:.2e}"
 
