@@ -283,8 +283,9 @@ def rows_distinct(r):
         g2 = r.goal("decode", f"distinct_{most}_vs_merge_batch{b}")
         merge = cases.get(f"merge_{most}", {}).get("decode_tokens_per_s")
         ours = (f"{num(line.get('decode_tokens_per_s'))} tok/s with {most} distinct vs "
-                f"{num(base)} base only ({num(g1['value']) if g1 else '-'}x); merge path "
-                f"{num(merge)} tok/s")
+                f"{num(base)} base only ({num(g1['value']) if g1 else '-'}x); "
+                + (f"merge path {num(merge)} tok/s" if merge is not None
+                   else "merge path not run at this batch"))
         rows.append([f"{most} distinct adapters in a batch of {b} (decoder)",
                      "64 distinct per GPU batch window (the floor)", ours, "-",
                      goal_text([g1, g2]), met_text([g1, g2]), code(r.command("decode"))])
