@@ -168,7 +168,9 @@ nlohmann::json MachineFacts() {
   m["compiler"] = __VERSION__;
   const std::string src = LORADB_SOURCE_DIR;
   m["git_commit"] = CommandLine("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
-  m["git_dirty"] = !CommandLine("git -C '" + src + "' status --porcelain 2>/dev/null").empty();
+  m["git_dirty"] =
+      !CommandLine("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null")
+           .empty();
   m["date_utc"] = UtcNow();
   m["loadavg_start"] = LoadAverage();
   std::vector<std::string> names;
@@ -343,6 +345,8 @@ int RunAll(const std::vector<std::string>& args) {
     std::fprintf(stderr, "error: cannot find this executable: %s\n", ec.message().c_str());
     return 1;
   }
+  // The machine's facts (the git state included) before the results file is (re)written.
+  nlohmann::json machine = MachineFacts();
   std::ofstream out;
   if (!o.out.empty()) {
     std::filesystem::path parent = std::filesystem::path(o.out).parent_path();
@@ -367,7 +371,6 @@ int RunAll(const std::vector<std::string>& args) {
   ::signal(SIGTERM, KillChildAndStop);
   ::signal(SIGHUP, KillChildAndStop);
   const double start = loradb::bench::NowSeconds();
-  nlohmann::json machine = MachineFacts();
   machine["scratch_dir"] = scratch;
   machine["quick"] = o.quick;
   machine["command"] =
