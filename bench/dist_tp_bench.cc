@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -180,11 +181,14 @@ absl::Status RunTp(const std::vector<std::string>& args) {
   LORADB_ASSIGN_OR_RETURN(std::vector<std::string> self, dist::SelfCommandLine());
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<nlohmann::json> results;
-  for (int world : {1, 2}) {
-    const int threads = std::max(1, cores / world);
+  // TP = 1 twice: with every core (the usual setup) and with one thread (same threads per rank
+  // as TP = 2), because intra-op threads on a loaded machine can cost more than they give.
+  const std::vector<std::pair<int, int>> runs = {{1, cores}, {1, 1}, {2, std::max(1, cores / 2)}};
+  for (const auto& [world, threads] : runs) {
     Progress(absl::StrCat("dist tp: ", world, " rank(s), ", threads, " thread(s) each, ",
                           f.sequences, " sequences x ", f.steps, " decode steps"));
-    const std::string result = (dir / absl::StrCat("result-", world, ".json")).string();
+    const std::string result =
+        (dir / absl::StrCat("result-", world, "-", threads, ".json")).string();
     dist::LaunchOptions lo;
     lo.argv = {self[0], "dist", "tp"};
     lo.argv.insert(lo.argv.end(), args.begin(), args.end());
@@ -222,10 +226,13 @@ absl::Status RunTp(const std::vector<std::string>& args) {
           {"loadavg_1m", load}});
     results.push_back(std::move(r));
   }
-  const double ratio =
-      results[1]["tokens_per_s"].get<double>() / results[0]["tokens_per_s"].get<double>();
+  const double tp1_best =
+      std::max(results[0]["tokens_per_s"].get<double>(), results[1]["tokens_per_s"].get<double>());
+  const double ratio = results[2]["tokens_per_s"].get<double>() / tp1_best;
+  const double ratio_all_cores =
+      results[2]["tokens_per_s"].get<double>() / results[0]["tokens_per_s"].get<double>();
   const auto l1 = results[0]["logits"].get<std::vector<std::vector<float>>>();
-  const auto l2 = results[1]["logits"].get<std::vector<std::vector<float>>>();
+  const auto l2 = results[2]["logits"].get<std::vector<std::vector<float>>>();
   double diff = l1.size() == l2.size() ? 0 : 1e9, scale = 0;
   for (size_t s = 0; s < std::min(l1.size(), l2.size()); ++s) {
     for (size_t i = 0; i < std::min(l1[s].size(), l2[s].size()); ++i) {
@@ -234,14 +241,16 @@ absl::Status RunTp(const std::vector<std::string>& args) {
     }
   }
   const double rel = scale > 0 ? diff / scale : diff;
-  const bool same_tokens = results[0]["tokens"] == results[1]["tokens"];
+  const bool same_tokens =
+      results[0]["tokens"] == results[2]["tokens"] && results[1]["tokens"] == results[2]["tokens"];
   Emit({{"bench", "dist"},
         {"case", "tp"},
-        {"ratio_tp2_vs_tp1_tokens_per_s", ratio},
+        {"ratio_tp2_vs_best_tp1_tokens_per_s", ratio},
+        {"ratio_tp2_vs_tp1_all_cores_tokens_per_s", ratio_all_cores},
         {"logits_max_rel_err_tp2_vs_tp1", rel},
         {"same_greedy_tokens", same_tokens},
         {"cores", cores}});
-  EmitGoal("dist", "tp2_vs_tp1_decode_tokens_per_s", ratio,
+  EmitGoal("dist", "tp2_vs_best_tp1_decode_tokens_per_s", ratio,
            ">= 1.6 (needs >= 2 idle cores; a loaded 2-core VM gives ~1 or less)", ratio >= 1.6);
   EmitGoal("dist", "tp2_logits_max_rel_err_vs_tp1", rel, "<= 1e-4", rel <= 1e-4);
   return absl::OkStatus();
