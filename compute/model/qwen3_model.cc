@@ -250,14 +250,14 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
     offset += n;
   }
   at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
-  return Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO);
+  return ReducePartial(Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO));
 }
 
 at::Tensor Qwen3Model::DenseMlp(const Context& ctx, const Layer& l, int64_t layer,
                                 const at::Tensor& x) const {
   at::Tensor g = Project(ctx, x, l.gate, {}, layer, LoraTarget::kGate);
   at::Tensor u = Project(ctx, x, l.up, {}, layer, LoraTarget::kUp);
-  return Project(ctx, at::silu(g) * u, l.down, {}, layer, LoraTarget::kDown);
+  return ReducePartial(Project(ctx, at::silu(g) * u, l.down, {}, layer, LoraTarget::kDown));
 }
 
 at::Tensor Qwen3Model::MoeMlp(const Context& ctx, const Layer& l, int64_t layer,
@@ -302,7 +302,7 @@ at::Tensor Qwen3Model::MoeMlp(const Context& ctx, const Layer& l, int64_t layer,
     d = d * flat_weights.index_select(0, picks).unsqueeze(1);
     out = out.index_add(0, tokens, d);
   }
-  return out;
+  return ReducePartial(std::move(out));
 }
 
 absl::StatusOr<ForwardOutput> Qwen3Model::Forward(const ForwardInput& input, KvCache* cache) const {

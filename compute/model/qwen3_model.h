@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,6 +61,15 @@ struct ForwardOutput {
   at::Tensor hidden;
 };
 
+// Tensor-parallel hook (compute/distributed/tp_model.h): sums a row-parallel partial output
+// (attention after o_proj, the MLP after down_proj or the whole expert block) across the ranks
+// of a TP group, returning the sum. May throw c10::Error (Forward returns it as InternalError).
+class PartialSumReducer {
+ public:
+  virtual ~PartialSumReducer() = default;
+  virtual at::Tensor AllReduceSum(at::Tensor partial) const = 0;
+};
+
 class Qwen3Model {
  public:
   // Loads `dir` (config.json plus model.safetensors or model.safetensors.index.json).
@@ -92,6 +102,9 @@ class Qwen3Model {
   // Replaces the applier of LoRA deltas (default: TorchLoraApplier). Not owned; must outlive
   // every Forward call.
   void set_lora_applier(const LoraApplier* applier) { applier_ = applier; }
+  // Tensor parallelism: a model built over one rank's slice (compute/distributed/tp_shard.h)
+  // sums its row-parallel outputs through `reducer` (not owned; null = no TP, the default).
+  void set_partial_sum_reducer(const PartialSumReducer* reducer) { reducer_ = reducer; }
 
  private:
   struct Expert {
@@ -113,6 +126,9 @@ class Qwen3Model {
       const ModelConfig& config, std::shared_ptr<const TensorSet> tensors,
       const LoadOptions& options);
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w) const;
+  at::Tensor ReducePartial(at::Tensor partial) const {
+    return reducer_ == nullptr ? partial : reducer_->AllReduceSum(std::move(partial));
+  }
   at::Tensor Project(const Context& ctx, const at::Tensor& x, const at::Tensor& w,
                      const at::Tensor& bias, int64_t layer, LoraTarget target) const;
   at::Tensor Attention(const Context& ctx, const Layer& l, int64_t layer,
@@ -130,6 +146,7 @@ class Qwen3Model {
   std::vector<Layer> layers_;
   TorchLoraApplier reference_applier_;
   const LoraApplier* applier_ = &reference_applier_;
+  const PartialSumReducer* reducer_ = nullptr;
 };
 
 }  // namespace loradb::model
