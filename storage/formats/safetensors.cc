@@ -33,8 +33,9 @@ absl::Status WithPath(const absl::Status& status, const std::string& path) {
 absl::string_view SimdjsonError(simdjson::error_code err) { return simdjson::error_message(err); }
 
 // One tensor entry of the header, before validation of the offsets.
+// One header entry while parsing; `name` points into the parser's document.
 struct Entry {
-  std::string name;
+  std::string_view name;
   DType dtype;
   std::vector<int64_t> shape;
   uint64_t begin = 0;
@@ -85,7 +86,7 @@ std::string Quoted(std::string_view s) {
 }
 
 absl::StatusOr<uint64_t> GetUnsigned(simdjson::dom::element e, absl::string_view what,
-                                     const std::string& tensor) {
+                                     std::string_view tensor) {
   uint64_t v = 0;
   if (e.get_uint64().get(v) != simdjson::SUCCESS) {
     return Invalid(absl::StrCat("tensor ", Quoted(tensor), ": ", what,
@@ -94,7 +95,7 @@ absl::StatusOr<uint64_t> GetUnsigned(simdjson::dom::element e, absl::string_view
   return v;
 }
 
-absl::StatusOr<Entry> ParseTensorInfo(const std::string& name, simdjson::dom::element value) {
+absl::StatusOr<Entry> ParseTensorInfo(std::string_view name, simdjson::dom::element value) {
   simdjson::dom::object info;
   if (value.get_object().get(info) != simdjson::SUCCESS) {
     return Invalid(
@@ -116,8 +117,8 @@ absl::StatusOr<Entry> ParseTensorInfo(const std::string& name, simdjson::dom::el
       continue;  // The reference ignores unknown fields.
     }
     if (*seen) {
-      return Invalid(
-          absl::StrCat("tensor ", Quoted(name), ": duplicate field \"", std::string(key), "\""));
+      return Invalid(absl::StrCat("tensor ", Quoted(name), ": duplicate field \"",
+                                  absl::string_view(key.data(), key.size()), "\""));
     }
     *seen = true;
     if (key == "dtype") {
@@ -135,6 +136,7 @@ absl::StatusOr<Entry> ParseTensorInfo(const std::string& name, simdjson::dom::el
       if (field.value.get_array().get(dims) != simdjson::SUCCESS) {
         return Invalid(absl::StrCat("tensor ", Quoted(name), ": shape must be an array"));
       }
+      entry.shape.reserve(dims.size());
       for (simdjson::dom::element d : dims) {
         LORADB_ASSIGN_OR_RETURN(uint64_t dim, GetUnsigned(d, "shape dimension", name));
         if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -278,9 +280,16 @@ absl::StatusOr<TensorSet> Parse(std::span<const std::byte> bytes,
   if (!simdjson::validate_utf8(header, header_len)) {
     return Invalid("header is not valid UTF-8");
   }
-  simdjson::padded_string padded(header, header_len);
+  // simdjson reads up to SIMDJSON_PADDING bytes past the JSON text: when the data section
+  // provides them (any file with tensors of 64+ bytes) the header is parsed in place, else
+  // from a padded copy.
+  simdjson::padded_string padded;
   simdjson::dom::element doc;
-  if (auto err = ThreadParser().parse(padded).get(doc); err != simdjson::SUCCESS) {
+  const bool in_place = bytes.size() - kLengthPrefix - header_len >= simdjson::SIMDJSON_PADDING;
+  if (!in_place) padded = simdjson::padded_string(header, header_len);
+  auto parsed = in_place ? ThreadParser().parse(header, header_len, /*realloc_if_needed=*/false)
+                         : ThreadParser().parse(padded);
+  if (auto err = parsed.get(doc); err != simdjson::SUCCESS) {
     return Invalid(absl::StrCat("header is not valid JSON: ", SimdjsonError(err)));
   }
   simdjson::dom::object root;
@@ -292,11 +301,12 @@ absl::StatusOr<TensorSet> Parse(std::span<const std::byte> bytes,
   TensorSet set(std::move(backing));
   std::vector<Entry> entries;
   entries.reserve(root.size());
-  absl::flat_hash_set<std::string> names;
+  // Names are views into the parser's document (alive until the next parse on this thread).
+  absl::flat_hash_set<std::string_view> names;
   names.reserve(root.size());
   bool have_metadata = false;
   for (auto field : root) {
-    std::string key(field.key);
+    std::string_view key = field.key;
     if (key == "__metadata__") {
       if (have_metadata) return Invalid("duplicate __metadata__ entry");
       have_metadata = true;
@@ -311,9 +321,12 @@ absl::StatusOr<TensorSet> Parse(std::span<const std::byte> bytes,
   }
 
   // As the reference: order by offsets, then require contiguity from 0 and exact sizes.
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+  auto by_offsets = [](const Entry& a, const Entry& b) {
     return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
-  });
+  };
+  if (!std::is_sorted(entries.begin(), entries.end(), by_offsets)) {
+    std::stable_sort(entries.begin(), entries.end(), by_offsets);
+  }
   const uint64_t data_size = bytes.size() - kLengthPrefix - header_len;
   const std::byte* data = bytes.data() + kLengthPrefix + header_len;
   uint64_t expected_begin = 0;
@@ -344,7 +357,7 @@ absl::StatusOr<TensorSet> Parse(std::span<const std::byte> bytes,
   }
   for (Entry& e : entries) {
     TensorView v;
-    v.name = std::move(e.name);
+    v.name.assign(e.name.data(), e.name.size());
     v.dtype = e.dtype;
     v.shape = std::move(e.shape);
     v.data = data + e.begin;

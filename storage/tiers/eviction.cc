@@ -144,26 +144,30 @@ class S3FifoPolicy final : public EvictionPolicy {
   absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> ghost_pos_;
 };
 
-// Count-min sketch with 4 rows of saturating 4-bit counters (stored in bytes), halved after
-// a sample period so old popularity fades.
+// Count-min sketch with 4 rows of saturating 8-bit counters and conservative update (only the
+// counters at the key's current minimum grow, which keeps collisions from inflating estimates),
+// halved after a sample period so old popularity fades.
 class FrequencySketch {
  public:
-  // Rows of 4x `expected_entries` counters; halving every 40x `expected_entries` increments
-  // (the trace benchmark's best setting: 1x-2x forgets too fast on skewed traces, 16x adapts
-  // too slowly when popularity shifts).
+  // Rows of 4x `expected_entries` counters; halving every 80x `expected_entries` increments.
+  // Chosen on the trace benchmark (BENCHMARKS.md, tiers/traces): 4-bit counters and plain
+  // count-min updates could not tell the marginal members of a 512-key Zipf hot set apart; a
+  // shorter period (20x-40x) forgets too fast on skewed traces, a longer one (120x) adapts
+  // too slowly when popularity shifts.
   explicit FrequencySketch(uint64_t expected_entries) {
     uint64_t n = std::max<uint64_t>(expected_entries, 16);
     uint64_t width = std::bit_ceil(n * 4);
     mask_ = width - 1;
     table_.assign(width * 4, 0);
-    sample_ = n * 40;
+    sample_ = n * 80;
   }
   void Increment(uint64_t key) {
     uint64_t h = Mix(key);
+    const int current = Estimate(key);
     bool added = false;
     for (int row = 0; row < 4; ++row) {
       uint8_t& c = table_[Index(h, row)];
-      if (c < 15) {
+      if (c < 255 && c == current) {
         ++c;
         added = true;
       }
@@ -175,7 +179,7 @@ class FrequencySketch {
   }
   int Estimate(uint64_t key) const {
     uint64_t h = Mix(key);
-    int m = 15;
+    int m = 255;
     for (int row = 0; row < 4; ++row) m = std::min<int>(m, table_[Index(h, row)]);
     return m;
   }
@@ -197,13 +201,20 @@ class WTinyLfuPolicy final : public EvictionPolicy {
       : window_quota_(std::max<uint64_t>(capacity / 100, 1)),
         main_quota_(capacity - std::min(capacity, window_quota_)),
         protected_quota_(main_quota_ / 10 * 8),
+        idle_period_(std::max<uint64_t>(expected_entries, 1) * 16),
         sketch_(expected_entries) {}
 
-  void RecordAccess(uint64_t key) override { sketch_.Increment(key); }
-  void Insert(uint64_t key, uint64_t bytes) override { Push(kWindow, {key, bytes, kWindow}); }
+  void RecordAccess(uint64_t key) override {
+    sketch_.Increment(key);
+    ++tick_;
+  }
+  void Insert(uint64_t key, uint64_t bytes) override {
+    Push(kWindow, {key, bytes, kWindow, tick_});
+  }
   void Touch(uint64_t key) override {
     auto it = pos_.find(key);
     if (it == pos_.end()) return;
+    it->second->last_access = tick_;
     Seg s = it->second->seg;
     if (s == kWindow || s == kProtected) {
       q_[s].splice(q_[s].begin(), q_[s], it->second);
@@ -231,7 +242,10 @@ class WTinyLfuPolicy final : public EvictionPolicy {
       }
       auto victim = LastEvictable(kProbation, can_evict);
       if (!victim) victim = LastEvictable(kProtected, can_evict);
-      if (victim && sketch_.Estimate((*cand)->key) > sketch_.Estimate((*victim)->key)) {
+      if (victim) victim = LeastFrequentNear(*victim, can_evict);
+      // The candidate must beat the victim by more than one count (hysteresis: equally popular
+      // keys swapping places is a load each time for nothing).
+      if (victim && sketch_.Estimate((*cand)->key) > VictimFrequency(*victim) + 1) {
         uint64_t key = (*victim)->key;
         Move(*cand, kProbation);
         Erase(key);
@@ -257,8 +271,36 @@ class WTinyLfuPolicy final : public EvictionPolicy {
     uint64_t key;
     uint64_t bytes;
     Seg seg;
+    uint64_t last_access;  // tick_ of its last request
   };
   using Iter = std::list<Node>::iterator;
+
+  // Of the kVictimSample evictable entries at the cold end of `last`'s segment (from `last`
+  // towards the front), the one with the lowest VictimFrequency (the coldest on ties).
+  static constexpr int kVictimSample = 64;
+  Iter LeastFrequentNear(Iter last, const std::function<bool(uint64_t)>& can_evict) const {
+    const std::list<Node>& q = q_[last->seg];
+    Iter best = last;
+    int best_f = VictimFrequency(last);
+    int seen = 0;
+    for (Iter it = last; best_f > 0 && it != q.begin() && ++seen < kVictimSample;) {
+      --it;
+      if (!can_evict(it->key)) continue;
+      if (int f = VictimFrequency(it); f < best_f) {
+        best = it;
+        best_f = f;
+      }
+    }
+    return best;
+  }
+
+  // The victim's sketch frequency, halved for every idle_period_ requests since it was last
+  // requested: a key that was popular before a shift stops blocking the new popular keys
+  // before the sketch's global halving catches up.
+  int VictimFrequency(Iter it) const {
+    const uint64_t halvings = (tick_ - it->last_access) / idle_period_;
+    return halvings >= 8 ? 0 : sketch_.Estimate(it->key) >> halvings;
+  }
 
   void Push(Seg s, Node n) {
     n.seg = s;
@@ -281,6 +323,8 @@ class WTinyLfuPolicy final : public EvictionPolicy {
   }
 
   uint64_t window_quota_, main_quota_, protected_quota_;
+  uint64_t idle_period_;
+  uint64_t tick_ = 0;  // requests seen (RecordAccess calls)
   FrequencySketch sketch_;
   std::list<Node> q_[3];  // front: most recent
   uint64_t bytes_[3] = {0, 0, 0};

@@ -8,8 +8,10 @@
 //   recently evicted keys sends returning keys straight to main.
 // - W-TinyLFU (Einziger et al., 2017): a 1% LRU window, then a segmented-LRU main area
 //   (probation 20%, protected 80%); a window victim enters main only if a count-min sketch
-//   (4-bit counters, halved every 40x-capacity samples) says it is more frequent than main's
-//   victim. The default: see BENCHMARKS.md, section tiers/traces.
+//   (8-bit counters, conservative update, halved every 80x-entries samples) says it is more
+//   frequent than main's victim by more than one count. Main's victim is the least frequent of
+//   the 64 coldest probation entries, a count being halved per 16x-entries requests the entry
+//   has been idle. The default: see BENCHMARKS.md, section tiers/traces.
 #ifndef LORADB_STORAGE_TIERS_EVICTION_H_
 #define LORADB_STORAGE_TIERS_EVICTION_H_
 

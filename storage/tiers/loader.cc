@@ -220,6 +220,16 @@ absl::Status Loader::ReadIoUring(int fd, bool direct, uint64_t size, std::byte* 
   uint64_t next = 0;
   unsigned inflight = 0;
   FdCloser buffered(-1);
+  bool fixed = false;
+  if (options_.registered_buffers) {
+    iovec iov{buf, static_cast<size_t>(AlignUp(read_end, kHostAlignment))};
+    if (io_uring_register_buffers(r, &iov, 1) == 0) {
+      fixed = true;
+      fixed_buffer_files_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      fixed_buffer_failures_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
 
   while (true) {
     while (st.ok() && !free_slots.empty() && (!retry.empty() || next < read_end)) {
@@ -236,7 +246,12 @@ absl::Status Loader::ReadIoUring(int fd, bool direct, uint64_t size, std::byte* 
       unsigned slot = free_slots.back();
       free_slots.pop_back();
       reqs[slot] = req;
-      io_uring_prep_read(sqe, fd, buf + req.off, static_cast<unsigned>(req.len), req.off);
+      if (fixed) {
+        io_uring_prep_read_fixed(sqe, fd, buf + req.off, static_cast<unsigned>(req.len), req.off,
+                                 0);
+      } else {
+        io_uring_prep_read(sqe, fd, buf + req.off, static_cast<unsigned>(req.len), req.off);
+      }
       io_uring_sqe_set_data64(sqe, slot);
       ++inflight;
       chunks_.fetch_add(1, std::memory_order_relaxed);
@@ -278,6 +293,10 @@ absl::Status Loader::ReadIoUring(int fd, bool direct, uint64_t size, std::byte* 
         }
       }
     }
+  }
+  if (fixed && io_uring_unregister_buffers(r) != 0) {
+    ring.reset();  // a ring that still holds our buffer must not be reused
+    return st;
   }
   ReturnRing(std::move(ring));
   return st;
@@ -392,6 +411,8 @@ LoaderStats Loader::stats() const {
   s.checksum_failures = checksum_failures_.load();
   s.read_errors = read_errors_.load();
   s.rings = rings_.load();
+  s.fixed_buffer_files = fixed_buffer_files_.load();
+  s.fixed_buffer_failures = fixed_buffer_failures_.load();
   return s;
 }
 

@@ -49,6 +49,10 @@ struct LoaderOptions {
   unsigned queue_depth = 32;
   // Try O_DIRECT first (falls back to buffered reads where open says EINVAL).
   bool o_direct = true;
+  // io_uring: register each destination buffer with the ring (io_uring_register_buffers) and
+  // read with READ_FIXED. Off by default: `loradb-bench tiers fixed-buffers` measured it (see
+  // BENCHMARKS.md, tiers); a registration failure (e.g. RLIMIT_MEMLOCK) falls back to plain reads.
+  bool registered_buffers = false;
   // pread backend: worker threads.
   unsigned pread_threads = 8;
   // Pin host buffers with cudaHostRegister when a CUDA device is present.
@@ -57,15 +61,17 @@ struct LoaderOptions {
 
 struct LoaderStats {
   LoaderBackend backend = LoaderBackend::kAuto;  // the resolved backend (never kAuto)
-  int io_uring_init_errno = 0;     // why io_uring was not used (0: it was, or not tried)
-  uint64_t files = 0;              // successful reads
-  uint64_t bytes = 0;              // bytes read by successful reads
-  uint64_t chunks = 0;             // read requests issued
-  uint64_t o_direct_files = 0;     // files read with O_DIRECT
-  uint64_t buffered_files = 0;     // files read through the page cache
-  uint64_t checksum_failures = 0;  // content hash or parser checksum mismatches
-  uint64_t read_errors = 0;        // open/read failures
-  uint64_t rings = 0;              // io_uring rings created (one per loading thread)
+  int io_uring_init_errno = 0;         // why io_uring was not used (0: it was, or not tried)
+  uint64_t files = 0;                  // successful reads
+  uint64_t bytes = 0;                  // bytes read by successful reads
+  uint64_t chunks = 0;                 // read requests issued
+  uint64_t o_direct_files = 0;         // files read with O_DIRECT
+  uint64_t buffered_files = 0;         // files read through the page cache
+  uint64_t checksum_failures = 0;      // content hash or parser checksum mismatches
+  uint64_t read_errors = 0;            // open/read failures
+  uint64_t rings = 0;                  // io_uring rings created (one per loading thread)
+  uint64_t fixed_buffer_files = 0;     // files read into a registered buffer (READ_FIXED)
+  uint64_t fixed_buffer_failures = 0;  // registrations refused (read with plain reads instead)
 };
 
 // Parses a loaded file: `bytes` is the file content, `backing` keeps it alive (the TensorSet
@@ -122,7 +128,8 @@ class Loader {
   std::vector<std::unique_ptr<Ring>> free_rings_ ABSL_GUARDED_BY(rings_mu_);
 
   std::atomic<uint64_t> files_{0}, bytes_{0}, chunks_{0}, o_direct_files_{0}, buffered_files_{0},
-      checksum_failures_{0}, read_errors_{0}, rings_{0};
+      checksum_failures_{0}, read_errors_{0}, rings_{0}, fixed_buffer_files_{0},
+      fixed_buffer_failures_{0};
 };
 
 }  // namespace loradb::tiers

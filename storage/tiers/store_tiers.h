@@ -5,9 +5,9 @@
 //
 // A Store opened with StoreOptions::tiers owns one (Store::tiers()) and its Locate reports the
 // live tier; StoreTiers::Open over a Store opened without tiers still works (the caller owns
-// it, and only StoreTiers::Locate sees its residency). Blobs are read with formats/blob.h's ParseBlob
-// (original tensor names as views); the per-revision LoRA settings are added to each entry's
-// metadata ("lora.r", "lora.alpha", "lora.use_rslora") so consumers find the scale source.
+// it, and only StoreTiers::Locate sees its residency). Blobs are read with formats/blob.h's
+// ParseBlob (original tensor names as views); the per-revision LoRA settings are added to each
+// entry's metadata ("lora.r", "lora.alpha", "lora.use_rslora") so consumers find the scale source.
 #ifndef LORADB_STORAGE_TIERS_STORE_TIERS_H_
 #define LORADB_STORAGE_TIERS_STORE_TIERS_H_
 
