@@ -26,9 +26,7 @@
 
 struct loradb_store_t {
   std::unique_ptr<loradb::Store> store;
-  // The residency tiers over `store` (declared after it: destroyed first). nullptr when the
-  // store was opened without tiers.
-  std::unique_ptr<loradb::tiers::StoreTiers> own_tiers;
+  // The residency tiers `store` owns; nullptr when it was opened without tiers.
   loradb::tiers::StoreTiers* tiers = nullptr;
   // Leases (CPU and batch) not yet released; loradb_close refuses while this is non-zero.
   std::atomic<int64_t> leases{0};
@@ -530,21 +528,14 @@ loradb_status_t loradb_open(const char* dir, size_t dir_len, const loradb_option
       tiers_enabled = options->tiers_enabled;
       tier_opts = options->tiers;
     }
+    // The Store owns the tiers (StoreOptions::tiers); its Locate reports the live tier and its
+    // DeleteRevision drops unleased copies.
+    if (tiers_enabled) opts.tiers = tier_opts;
     absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(path, opts);
     if (!store.ok()) return Report(store.status(), errmsg);
     auto handle = std::make_unique<loradb_store_t>();
     handle->store = std::move(*store);
-    if (tiers_enabled) {
-      absl::StatusOr<std::unique_ptr<loradb::tiers::StoreTiers>> tiers =
-          loradb::tiers::StoreTiers::Open(handle->store.get(), tier_opts);
-      if (!tiers.ok()) {
-        return Report(absl::Status(tiers.status().code(),
-                                   absl::StrCat("residency tiers: ", tiers.status().message())),
-                      errmsg);
-      }
-      handle->own_tiers = std::move(*tiers);
-      handle->tiers = handle->own_tiers.get();
-    }
+    handle->tiers = handle->store->tiers();
     Registry().Add(handle.get());
     *out = handle.release();
     return LORADB_OK;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "api/http/record_json.h"
 #include "storage/formats/model_config.h"
+#include "storage/tiers/store_tiers.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::http {
@@ -287,13 +288,21 @@ class StoreApi {
     return Reply::Json({{"revision", id}, {"location", LocationJson(r)}});
   }
 
-  // Where the bytes are. The Store has no cache/device tier members yet, so storage is the
-  // tier; blob_present says whether the blob file is there.
+  // Where the bytes are: the live tier (and device slot) when the Store owns residency tiers,
+  // else storage; blob_present says whether the blob file is there.
   json LocationJson(const RevisionRecord& r) const {
     std::string path = store_->BlobPath(r.blob.hash);
     std::error_code ec;
     bool present = std::filesystem::is_regular_file(path, ec);
-    return {{"tier", std::string(TierName(Tier::kStorage))},
+    Tier tier = Tier::kStorage;
+    json slot = nullptr;
+    if (store_->tiers() != nullptr) {
+      tiers::TierPlace place = store_->tiers()->Where(r.id);
+      tier = place.tier;
+      if (place.slot.has_value()) slot = *place.slot;
+    }
+    return {{"tier", std::string(TierName(tier))},
+            {"slot", slot},
             {"blob_path", path},
             {"blob_present", present},
             {"hash", r.blob.hash.Hex()},
@@ -305,7 +314,6 @@ class StoreApi {
     LORADB_ASSIGN_OR_RETURN(std::string alias, Alias(call));
     LORADB_ASSIGN_OR_RETURN(Located l, store_->Locate(p.name, alias));
     json loc = LocationJson(l.revision);
-    loc["tier"] = std::string(TierName(l.location.tier));
     return Reply::Json(
         {{"policy", p.name},
          {"alias", alias},
@@ -517,6 +525,7 @@ absl::Status AddStoreRoutes(std::shared_ptr<Store> store, Server* server) {
                    {"required", {"tier", "blob_path", "blob_present", "hash", "bytes"}},
                    {"properties",
                     {{"tier", {{"type", "string"}, {"enum", {"storage", "cpu", "gpu"}}}},
+                     {"slot", {{"type", {"integer", "null"}}, {"minimum", 0}}},
                      {"blob_path", {{"type", "string"}}},
                      {"blob_present", {{"type", "boolean"}}},
                      {"hash", {{"type", "string"}}},

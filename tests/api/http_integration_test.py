@@ -294,12 +294,16 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(r.status_code, 200, r.text)
         self.assertTrue(r.json()["pinned"])
         self.assertEqual(r.json()["cpu_leases"], 1)
+        # The Store owns the tiers: its own routes report the live tier too.
+        self.assertEqual(self.get(f"/v1/revisions/{rid}/tier").json()["location"]["tier"], "cpu")
         assert_error(self, self.call("POST", f"/v1/revisions/{rid}/evict"), 409)
         self.assertEqual(self.call("DELETE", f"/v1/revisions/{rid}/pin").status_code, 200)
         assert_error(self, self.call("DELETE", f"/v1/revisions/{rid}/pin"), 404)
         r = self.call("POST", f"/v1/revisions/{rid}/evict")
         self.assertEqual(r.status_code, 200, r.text)
         self.assertEqual(r.json()["tier"], "storage")
+        self.assertEqual(self.get(f"/v1/revisions/{rid}/tier").json()["location"]["tier"],
+                         "storage")
         assert_error(self, self.call("POST", f"/v1/revisions/{rid}/evict"), 404)
         assert_error(self, self.call("POST", "/v1/revisions/999999/pin"), 404)
         assert_error(self, self.call("POST", "/v1/revisions/abc/prefetch"), 400)

@@ -63,18 +63,6 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   options.write_timeout_ms = args.read_timeout_ms;
   absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(options);
   if (!server.ok()) return server.status();
-  StoreOptions store_options;
-  store_options.create_if_missing = false;
-  store_options.catalog.create_if_missing = false;
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(global.store, store_options);
-  if (!store.ok()) {
-    return absl::Status(store.status().code(),
-                        absl::StrCat("cannot open store ", global.store, ": ",
-                                     store.status().message(), " (run `loradb init` first)"));
-  }
-  std::shared_ptr<Store> shared_store(std::move(*store));
-  st = http::AddStoreRoutes(shared_store, server->get());
-  if (!st.ok()) return st;
   tiers::StoreTiersOptions tier_options;
   tier_options.cpu.budget_bytes = args.cpu_budget_bytes;
   tier_options.slots.arena_bytes = args.arena_bytes;
@@ -89,12 +77,22 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   } else {
     return absl::InvalidArgumentError("--device must be none, host, cuda or auto");
   }
-  absl::StatusOr<std::unique_ptr<tiers::StoreTiers>> opened_tiers =
-      tiers::StoreTiers::Open(shared_store.get(), tier_options);
-  if (!opened_tiers.ok()) return opened_tiers.status();
-  // The tiers hold a raw Store pointer: the deleter keeps the Store alive until they are gone.
-  std::shared_ptr<tiers::StoreTiers> store_tiers(
-      opened_tiers->release(), [shared_store](tiers::StoreTiers* t) { delete t; });
+  StoreOptions store_options;
+  store_options.create_if_missing = false;
+  store_options.catalog.create_if_missing = false;
+  // The Store owns the tiers, so the store routes' Locate and DELETE see residency too.
+  store_options.tiers = tier_options;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(global.store, store_options);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("cannot open store ", global.store, ": ",
+                                     store.status().message(), " (run `loradb init` first)"));
+  }
+  std::shared_ptr<Store> shared_store(std::move(*store));
+  st = http::AddStoreRoutes(shared_store, server->get());
+  if (!st.ok()) return st;
+  // Aliasing pointer: the tier routes keep the Store (which owns the tiers) alive.
+  std::shared_ptr<tiers::StoreTiers> store_tiers(shared_store, shared_store->tiers());
   st = http::AddTierRoutes(store_tiers, server->get());
   if (!st.ok()) return st;
 

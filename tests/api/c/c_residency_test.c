@@ -293,6 +293,25 @@ static void test_cpu_lease_views_and_release(void) {
   st = stats_of(store);
   CHECK(st.cpu_prefetches == 1 && st.cpu_loads == 2);
   CHECK_CODE(loradb_release(&lease), LORADB_OK);
+
+  /* Deleting a revision drops its unleased copy; a leased copy stays valid until released. */
+  {
+    uint64_t r3 = publish(store, 9.0f, NULL), r4 = publish(store, 11.0f, NULL);
+    loradb_lease_t* held = NULL;
+    CHECK_CODE(loradb_acquire(store, r3, 0, &lease, NULL, NULL), LORADB_OK);
+    CHECK_CODE(loradb_release(&lease), LORADB_OK);
+    CHECK_CODE(loradb_acquire(store, r4, 0, &held, NULL, NULL), LORADB_OK);
+    st = stats_of(store);
+    n = (size_t)st.cpu_resident_entries;
+    CHECK_CODE(loradb_revision_delete(store, r3, NULL), LORADB_OK);
+    CHECK_CODE(loradb_revision_delete(store, r4, NULL), LORADB_OK);
+    st = stats_of(store);
+    CHECK(st.cpu_resident_entries == n - 1); /* r3 dropped, r4 leased */
+    CHECK_CODE(loradb_acquire(store, r3, 0, &lease, NULL, NULL), LORADB_NOT_FOUND);
+    CHECK_CODE(loradb_lease_tensor_find(held, S(kQA), &v), LORADB_OK);
+    CHECK(view_matches_seed(&v, 11.0f));
+    CHECK_CODE(loradb_release(&held), LORADB_OK);
+  }
   CHECK_CODE(loradb_close(&store), LORADB_OK);
 }
 
