@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -42,6 +43,9 @@ struct Flags {
   std::string which = "all";
   int64_t layers = 28;
   int64_t steps = 10;
+  // Internal: `concurrent` runs each mode in a child process of this binary with these set.
+  std::string child_mode;  // sequential | time_sliced
+  std::string child_base;  // the base checkpoint the parent wrote
 };
 
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
@@ -58,6 +62,9 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       LORADB_RETURN_IF_ERROR(value(&f.layers));
     } else if (args[i] == "--steps") {
       LORADB_RETURN_IF_ERROR(value(&f.steps));
+    } else if ((args[i] == "--child-mode" || args[i] == "--child-base") && i + 1 < args.size()) {
+      (args[i] == "--child-mode" ? f.child_mode : f.child_base) = args[i + 1];
+      ++i;
     } else if (args[i] == "handoff" || args[i] == "concurrent") {
       f.which = args[i];
     } else {
@@ -67,8 +74,7 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
   return f;
 }
 
-// Peak RSS since the last ResetPeakRss (Linux clear_refs "5"), in bytes.
-void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+// This process's peak RSS (VmHWM), in bytes.
 int64_t PeakRssBytes() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -213,9 +219,7 @@ absl::Status RunHandoff(const Flags& f) {
   return absl::OkStatus();
 }
 
-absl::Status RunConcurrent(const Flags& f) {
-  ScratchDir scratch;
-  if (scratch.path().empty()) return absl::InternalError("cannot create a scratch directory");
+ModelConfig TinyDense() {
   // compute/configs/tiny-dense.json.
   ModelConfig config;
   config.model_type = "qwen3";
@@ -229,53 +233,115 @@ absl::Status RunConcurrent(const Flags& f) {
   config.max_position_embeddings = 512;
   config.rope_theta = 10000.0;
   config.torch_dtype = "float32";
-  LORADB_RETURN_IF_ERROR(model::WriteRandomCheckpoint(config, scratch.path(), 1, at::kFloat));
-  LORADB_ASSIGN_OR_RETURN(auto base, model::Qwen3Model::Load(scratch.path()));
-  LORADB_ASSIGN_OR_RETURN(auto task, trainer::MakeTask("arithmetic", config.vocab_size, 1));
+  return config;
+}
+
+trainer::StepConfig ConcurrentStepConfig() {
   trainer::StepConfig sc;
   sc.grpo_prompts = 8;
   sc.grpo_group = 8;
-  constexpr int kPolicies = 3;
-  auto make = [&](Trainer* t) -> absl::Status {
-    for (int i = 0; i < kPolicies; ++i) {
-      trainer::PolicyOptions po;
-      po.name = absl::StrCat("bench/p", i);
-      po.seed = static_cast<uint64_t>(i + 1);
-      po.schedule.lr = 1e-3;
-      LORADB_RETURN_IF_ERROR(t->AddPolicy(po).status());
-    }
-    return absl::OkStatus();
+  return sc;
+}
+constexpr int kConcurrentPolicies = 3;
+
+// One mode of `concurrent` in this (child) process: K policies on the base in `f.child_base`,
+// `f.steps` optimizer steps each; prints the mode's measurement line with the process's peak RSS.
+absl::Status RunConcurrentChild(const Flags& f) {
+  const bool sliced = f.child_mode == "time_sliced";
+  if (!sliced && f.child_mode != "sequential") {
+    return absl::InvalidArgumentError("--child-mode must be sequential or time_sliced");
+  }
+  LORADB_ASSIGN_OR_RETURN(auto base, model::Qwen3Model::Load(f.child_base));
+  LORADB_ASSIGN_OR_RETURN(auto task, trainer::MakeTask("arithmetic", base->config().vocab_size, 1));
+  trainer::StepConfig sc = ConcurrentStepConfig();
+  // Time-sliced: each shared forward/backward holds as many rows as one policy's step does
+  // (K micro-batches, each with a third of every policy's rollouts), so activation memory
+  // stays that of one policy: peak = one base + K adapters + their optimizer states.
+  if (sliced) sc.micro_batches = kConcurrentPolicies;
+  Trainer t(base.get());
+  for (int i = 0; i < kConcurrentPolicies; ++i) {
+    trainer::PolicyOptions po;
+    po.name = absl::StrCat("bench/p", i);
+    po.seed = static_cast<uint64_t>(i + 1);
+    po.schedule.lr = 1e-3;
+    LORADB_RETURN_IF_ERROR(t.AddPolicy(po).status());
+  }
+  double sample_s = 0, fb_s = 0, optim_s = 0;
+  auto account = [&](const std::vector<trainer::StepReport>& r) {
+    // The phases are shared by every policy of one TrainStep call: count them once.
+    sample_s += r[0].sample_s;
+    fb_s += r[0].forward_backward_s;
+    optim_s += r[0].optim_s;
   };
+  const double t0 = NowSeconds();
+  if (!sliced) {
+    for (int p = 0; p < kConcurrentPolicies; ++p) {
+      for (int64_t s = 0; s < f.steps; ++s) {
+        LORADB_ASSIGN_OR_RETURN(auto r, trainer::TrainStep(&t, {{p, task.get()}}, sc));
+        account(r);
+      }
+    }
+  } else {
+    std::vector<std::pair<int, const trainer::Task*>> all;
+    for (int p = 0; p < kConcurrentPolicies; ++p) all.push_back({p, task.get()});
+    for (int64_t s = 0; s < f.steps; ++s) {
+      LORADB_ASSIGN_OR_RETURN(auto r, trainer::TrainStep(&t, all, sc));
+      account(r);
+    }
+  }
+  const double seconds = NowSeconds() - t0;
+  Emit({{"bench", "train"},
+        {"case", "concurrent"},
+        {"mode", f.child_mode},
+        {"policies", kConcurrentPolicies},
+        {"steps_per_policy", f.steps},
+        {"rollouts_per_step", sc.grpo_prompts * sc.grpo_group},
+        {"micro_batches", sc.micro_batches},
+        {"wall_s", seconds},
+        {"sample_s", sample_s},
+        {"forward_backward_s", fb_s},
+        {"optim_s", optim_s},
+        {"peak_rss_bytes", PeakRssBytes()}});
+  return absl::OkStatus();
+}
+
+absl::Status RunConcurrent(const Flags& f) {
+  if (!f.child_mode.empty()) return RunConcurrentChild(f);
+  ScratchDir scratch;
+  if (scratch.path().empty()) return absl::InternalError("cannot create a scratch directory");
+  LORADB_RETURN_IF_ERROR(model::WriteRandomCheckpoint(TinyDense(), scratch.path(), 1, at::kFloat));
+  std::error_code ec;
+  const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return absl::InternalError("cannot find this program (/proc/self/exe)");
+  // Each mode in its own child process, so neither inherits the other's peak RSS.
   double seconds[2] = {0, 0};
   int64_t rss[2] = {0, 0};
+  const char* modes[2] = {"sequential", "time_sliced"};
   for (int mode = 0; mode < 2; ++mode) {
-    Trainer t(base.get());
-    LORADB_RETURN_IF_ERROR(make(&t));
-    ResetPeakRss();
-    const double t0 = NowSeconds();
-    if (mode == 0) {
-      for (int p = 0; p < kPolicies; ++p) {
-        for (int64_t s = 0; s < f.steps; ++s) {
-          LORADB_RETURN_IF_ERROR(trainer::TrainStep(&t, {{p, task.get()}}, sc).status());
-        }
-      }
-    } else {
-      std::vector<std::pair<int, const trainer::Task*>> all;
-      for (int p = 0; p < kPolicies; ++p) all.push_back({p, task.get()});
-      for (int64_t s = 0; s < f.steps; ++s) {
-        LORADB_RETURN_IF_ERROR(trainer::TrainStep(&t, all, sc).status());
-      }
+    Progress(absl::StrCat("concurrent: ", modes[mode], " (child process)"));
+    const std::string cmd =
+        absl::StrCat("'", self, "' train concurrent --steps ", f.steps, " --child-mode ",
+                     modes[mode], " --child-base '", scratch.path(), "'");
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return absl::InternalError("cannot start " + cmd);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+    const int rc = ::pclose(pipe);
+    if (rc != 0) return absl::InternalError(absl::StrCat(cmd, " failed (status ", rc, ")"));
+    bool found = false;
+    std::istringstream lines(out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.contains("wall_s") || !j.contains("peak_rss_bytes")) continue;
+      seconds[mode] = j["wall_s"].get<double>();
+      rss[mode] = j["peak_rss_bytes"].get<int64_t>();
+      found = true;
+      Emit(j);
     }
-    seconds[mode] = NowSeconds() - t0;
-    rss[mode] = PeakRssBytes();
-    Emit({{"bench", "train"},
-          {"case", "concurrent"},
-          {"mode", mode == 0 ? "sequential" : "time_sliced"},
-          {"policies", kPolicies},
-          {"steps_per_policy", f.steps},
-          {"rollouts_per_step", sc.grpo_prompts * sc.grpo_group},
-          {"wall_s", seconds[mode]},
-          {"peak_rss_bytes", rss[mode]}});
+    if (!found) return absl::InternalError(cmd + " printed no measurement");
   }
   const double ratio = seconds[0] / seconds[1];
   const double rss_ratio = static_cast<double>(rss[1]) / static_cast<double>(rss[0]);
@@ -291,6 +357,7 @@ absl::Status RunTrainBench(const std::vector<std::string>& args) {
   // tiny model's ops gain nothing from more.
   at::set_num_threads(1);
   if (f.which == "all" || f.which == "concurrent") LORADB_RETURN_IF_ERROR(RunConcurrent(f));
+  if (!f.child_mode.empty()) return absl::OkStatus();
   if (f.which == "all" || f.which == "handoff") LORADB_RETURN_IF_ERROR(RunHandoff(f));
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 #include "compute/model/lora.h"
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -231,8 +232,13 @@ absl::StatusOr<LoraRowGroups> GroupLoraRows(const LoraBatch& batch, int64_t num_
     by_slot[s].push_back(i);
   }
   LoraRowGroups g;
+  g.contiguous = true;
   for (auto& [slot, rows] : by_slot) {
     g.slots.push_back(slot);
+    g.first_row.push_back(rows.front());
+    g.num_rows.push_back(static_cast<int64_t>(rows.size()));
+    g.contiguous =
+        g.contiguous && rows.back() - rows.front() + 1 == static_cast<int64_t>(rows.size());
     g.rows.push_back(at::from_blob(rows.data(), {static_cast<int64_t>(rows.size())}, at::kLong)
                          .to(device, /*non_blocking=*/false, /*copy=*/true));
   }
@@ -253,6 +259,52 @@ at::Tensor Delta(const at::Tensor& x, const LoraFactors& f, int64_t expert) {
   return at::linear(at::linear(x, a), b) * f.scale;
 }
 
+// Every row of x belongs to one of K >= 2 slots, each a contiguous range of the same length n,
+// and the K adapters have factors of one rank and dtype for this dense module: the delta is two
+// batched matmuls over x viewed as [K, n, in] (no gather or scatter, one op per factor for all
+// K adapters). Undefined when that does not hold.
+at::Tensor StackedDelta(const at::Tensor& x, int64_t layer, LoraTarget target,
+                        const LoraBatch& batch, const LoraRowGroups& groups) {
+  const size_t k = groups.slots.size();
+  if (!groups.contiguous || k < 2) return at::Tensor();
+  const int64_t n = groups.num_rows[0];
+  if (n * static_cast<int64_t>(k) != x.size(0)) return at::Tensor();
+  std::vector<size_t> order(k);
+  for (size_t i = 0; i < k; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return groups.first_row[a] < groups.first_row[b]; });
+  std::vector<at::Tensor> as, bs;
+  std::vector<double> scales;
+  for (size_t j = 0; j < k; ++j) {
+    const size_t i = order[j];
+    if (groups.num_rows[i] != n || groups.first_row[i] != static_cast<int64_t>(j) * n) {
+      return at::Tensor();
+    }
+    const LoraFactors* f = batch.adapters[groups.slots[i]]->Find(layer, target);
+    if (f == nullptr || f->a.dim() != 2) return at::Tensor();
+    if (!as.empty() &&
+        (f->a.size(0) != as[0].size(0) || f->a.scalar_type() != as[0].scalar_type())) {
+      return at::Tensor();
+    }
+    as.push_back(f->a);
+    bs.push_back(f->b);
+    scales.push_back(f->scale);
+  }
+  at::Tensor a = at::stack(as), b = at::stack(bs);  // [K, r, in], [K, out, r]
+  if (a.scalar_type() != x.scalar_type()) a = a.to(x.scalar_type());
+  if (b.scalar_type() != x.scalar_type()) b = b.to(x.scalar_type());
+  at::Tensor xs = x.reshape({static_cast<int64_t>(k), n, x.size(1)});
+  at::Tensor d = at::bmm(at::bmm(xs, a.transpose(1, 2)), b.transpose(1, 2));  // [K, n, out]
+  if (std::all_of(scales.begin(), scales.end(), [&](double s) { return s == scales[0]; })) {
+    d = d * scales[0];
+  } else {
+    at::Tensor s =
+        at::tensor(scales, at::TensorOptions(at::kDouble)).to(x.device(), d.scalar_type());
+    d = d * s.view({static_cast<int64_t>(k), 1, 1});
+  }
+  return d.reshape({x.size(0), d.size(2)});
+}
+
 }  // namespace
 
 at::Tensor TorchLoraApplier::Apply(const at::Tensor& x, const at::Tensor& y, int64_t layer,
@@ -260,6 +312,10 @@ at::Tensor TorchLoraApplier::Apply(const at::Tensor& x, const at::Tensor& y, int
                                    const LoraBatch& batch, const LoraRowGroups& groups) const {
   at::Tensor out = y;
   if (groups.empty()) return out;
+  if (!rows.defined() && expert < 0) {
+    at::Tensor stacked = StackedDelta(x, layer, target, batch, groups);
+    if (stacked.defined()) return out + stacked;
+  }
   // Slots of the rows of x: all batch rows, or the subset routed to this expert.
   at::Tensor local_slots;
   if (rows.defined()) local_slots = groups.row_slot.index_select(0, rows);

@@ -90,6 +90,10 @@ struct LoraRowGroups {
   std::vector<int32_t> slots;    // distinct slots used, ascending (no negatives)
   std::vector<at::Tensor> rows;  // per slot: int64 row indices into the batch, ascending
   at::Tensor row_slot;           // int32 [rows], -1 for none (what BGMV wants)
+  // Per slot (same order as `slots`), known on the host: its first row and row count.
+  // `contiguous` when every slot's rows form one contiguous range.
+  std::vector<int64_t> first_row, num_rows;
+  bool contiguous = false;
   bool empty() const { return slots.empty(); }
 };
 

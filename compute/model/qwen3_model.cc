@@ -20,6 +20,10 @@ struct Qwen3Model::Context {
   std::vector<KvCache::SeqId> cache_seqs;
   KvCache* cache = nullptr;
   at::Tensor cos, sin;  // [rows, head_dim] in the model dtype
+  // > 0 when every sequence has this many new tokens and (with a cache) the same past length
+  // `uniform_past`: attention then runs as one batched matmul instead of a loop over sequences.
+  int64_t uniform_len = 0;
+  int64_t uniform_past = 0;
 };
 
 namespace {
@@ -220,6 +224,41 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
   k = k * cos + RotateHalf(k) * sin;
   const double scaling = 1.0 / std::sqrt(static_cast<double>(hd));
 
+  if (ctx.uniform_len > 0 && ctx.seq_lens.size() > 1) {
+    // S sequences of n new tokens each, all with `past` cached tokens: one batched attention
+    // (a training batch, or a decode step of equally long rollouts), the same math as the loop.
+    const int64_t seqs = static_cast<int64_t>(ctx.seq_lens.size());
+    const int64_t n = ctx.uniform_len, past = ctx.uniform_past, total = past + n;
+    at::Tensor qs = q.view({seqs, n, nh, hd}).transpose(1, 2);   // [S, nh, n, hd]
+    at::Tensor ks = k.view({seqs, n, kvh, hd}).transpose(1, 2);  // [S, kvh, n, hd]
+    at::Tensor vs = v.view({seqs, n, kvh, hd}).transpose(1, 2);
+    if (ctx.cache != nullptr) {
+      std::vector<at::Tensor> kc, vc;
+      kc.reserve(seqs);
+      vc.reserve(seqs);
+      for (int64_t s = 0; s < seqs; ++s) {
+        auto [ka, va] = ctx.cache->Append(ctx.cache_seqs[s], layer, ks[s], vs[s]);
+        kc.push_back(std::move(ka));
+        vc.push_back(std::move(va));
+      }
+      ks = at::stack(kc);  // [S, kvh, total, hd]
+      vs = at::stack(vc);
+    }
+    if (rep > 1) {
+      ks = ks.unsqueeze(2).expand({seqs, kvh, rep, total, hd}).reshape({seqs, nh, total, hd});
+      vs = vs.unsqueeze(2).expand({seqs, kvh, rep, total, hd}).reshape({seqs, nh, total, hd});
+    }
+    at::Tensor scores = at::matmul(qs, ks.transpose(-1, -2)) * scaling;  // [S, nh, n, total]
+    if (n > 1) {
+      at::Tensor masked =
+          at::ones({n, total}, at::TensorOptions(at::kBool).device(device_)).triu(past + 1);
+      scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
+    }
+    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
+    at::Tensor attn = at::matmul(probs, vs).transpose(1, 2).reshape({seqs * n, nh * hd});
+    return Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO);
+  }
+
   std::vector<at::Tensor> outs;
   outs.reserve(ctx.seq_lens.size());
   int64_t offset = 0;
@@ -349,10 +388,13 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
     if (distinct.size() != input.cache_seqs.size()) {
       return absl::InvalidArgumentError("a cache sequence appears twice in one batch");
     }
+    std::set<int64_t> pasts;
     for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
       LORADB_ASSIGN_OR_RETURN(int64_t past, cache->Length(input.cache_seqs[s]));
+      pasts.insert(past);
       for (int64_t i = 0; i < ctx.seq_lens[s]; ++i) positions.push_back(past + i);
     }
+    ctx.uniform_past = pasts.size() == 1 ? *pasts.begin() : -1;
     for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
       LORADB_RETURN_IF_ERROR(cache->Reserve(input.cache_seqs[s], ctx.seq_lens[s]));
     }
@@ -362,6 +404,11 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
     for (int64_t n : ctx.seq_lens) {
       for (int64_t i = 0; i < n; ++i) positions.push_back(i);
     }
+  }
+  if (std::all_of(ctx.seq_lens.begin(), ctx.seq_lens.end(),
+                  [&](int64_t n) { return n == ctx.seq_lens[0]; }) &&
+      ctx.uniform_past >= 0) {
+    ctx.uniform_len = ctx.seq_lens[0];
   }
   if (input.lora != nullptr) {
     ctx.lora = input.lora;

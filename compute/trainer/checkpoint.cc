@@ -4,12 +4,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "compute/trainer/tensor_io.h"
+#include "storage/formats/peft.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::trainer {
 namespace {
 
 constexpr char kMicroSteps[] = "trainer.micro_steps";
+constexpr char kLoraRank[] = "trainer.lora_rank";
+constexpr char kLoraAlpha[] = "trainer.lora_alpha";
+constexpr char kLoraRsLora[] = "trainer.lora_use_rslora";
+
+// Removes the one-element tensor `name` from `part` into *out; false when absent.
+bool TakeScalar(std::map<std::string, at::Tensor>* part, const std::string& name, at::Tensor* out) {
+  auto it = part->find(name);
+  if (it == part->end() || it->second.numel() != 1) return false;
+  *out = it->second;
+  part->erase(it);
+  return true;
+}
 
 absl::StatusOr<std::map<std::string, at::Tensor>> ReadPart(const Store& store, const BlobRef& ref,
                                                            at::ScalarType dtype) {
@@ -18,7 +31,9 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ReadPart(const Store& store, c
   LORADB_ASSIGN_OR_RETURN(TensorSet set, store.ReadCheckpointTensors(ref));
   for (const TensorView& v : set.tensors()) {
     const bool integer = v.dtype == DType::kI64 || v.dtype == DType::kI32;
-    LORADB_ASSIGN_OR_RETURN(out[v.name], FromView(v, integer ? at::kLong : dtype));
+    LORADB_ASSIGN_OR_RETURN(out[v.name], FromView(v, integer                  ? at::kLong
+                                                     : v.dtype == DType::kF64 ? at::kDouble
+                                                                              : dtype));
   }
   return out;
 }
@@ -59,13 +74,20 @@ absl::StatusOr<CheckpointRecord> SaveCheckpoint(Store* store, const Trainer& tra
   LORADB_ASSIGN_OR_RETURN(OwnedTensorViews grads, ToViews(snap.gradients, DType::kF32));
   LORADB_ASSIGN_OR_RETURN(
       OwnedTensorViews micro,
-      ToViews({{kMicroSteps, at::full({1}, snap.micro_steps, at::kLong)}}, DType::kI64));
+      ToViews({{kMicroSteps, at::full({1}, snap.micro_steps, at::kLong)},
+               {kLoraRank, at::full({1}, snap.lora_rank, at::kLong)},
+               {kLoraRsLora, at::full({1}, snap.use_rslora ? 1 : 0, at::kLong)}},
+              DType::kI64));
+  LORADB_ASSIGN_OR_RETURN(
+      OwnedTensorViews alpha,
+      ToViews({{kLoraAlpha, at::full({1}, snap.lora_alpha, at::kDouble)}}, DType::kF64));
 
   CheckpointParts parts;
   parts.master = master.views;
   parts.optimizer = opt_f.views;
   parts.optimizer.insert(parts.optimizer.end(), opt_i.views.begin(), opt_i.views.end());
   parts.gradients = micro.views;
+  parts.gradients.insert(parts.gradients.end(), alpha.views.begin(), alpha.views.end());
   parts.gradients.insert(parts.gradients.end(), grads.views.begin(), grads.views.end());
   parts.scheduler_name = snap.scheduler_name;
   parts.scheduler_position = snap.scheduler_position;
@@ -96,6 +118,20 @@ absl::Status LoadCheckpoint(const Store& store, Trainer* trainer, int policy, ui
   }
   snap.micro_steps = micro->second.item<int64_t>();
   snap.gradients.erase(micro);
+  // LoRA scaling (absent in checkpoints written before it was recorded).
+  at::Tensor rank, alpha, rslora;
+  const bool has_rank = TakeScalar(&snap.gradients, kLoraRank, &rank);
+  const bool has_alpha = TakeScalar(&snap.gradients, kLoraAlpha, &alpha);
+  const bool has_rslora = TakeScalar(&snap.gradients, kLoraRsLora, &rslora);
+  if (has_rank != has_alpha || has_alpha != has_rslora) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", id, " records only part of its LoRA scaling"));
+  }
+  if (has_alpha) {
+    snap.lora_rank = rank.item<int64_t>();
+    snap.lora_alpha = alpha.item<double>();
+    snap.use_rslora = rslora.item<int64_t>() != 0;
+  }
   snap.scheduler_name = rec.scheduler_name;
   snap.scheduler_position = rec.scheduler_position;
   snap.rng_state = rec.rng_state;
@@ -131,6 +167,62 @@ absl::StatusOr<RevisionRecord> PublishForSampling(Store* store, const Trainer& t
   opts.lora.use_rslora = lora.use_rslora;
   opts.lora.target_modules = lora.target_modules;
   return store->PublishTensors(trainer.options(policy).name, views.views, opts);
+}
+
+absl::Status SetReferenceFromRevision(const Store& store, Trainer* trainer, int policy,
+                                      const std::string& ref) {
+  if (policy < 0 || policy >= trainer->num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, store.Resolve(ref));
+  if (rev.state != RevisionState::kLive) {
+    return absl::FailedPreconditionError(absl::StrCat("revision ", rev.id, " is deleted"));
+  }
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord pol, store.GetPolicy(trainer->options(policy).name));
+  if (rev.base != pol.base) {
+    return absl::FailedPreconditionError(absl::StrCat("reference ", ref, " (revision ", rev.id,
+                                                      ") is on base ", rev.base, ", policy ",
+                                                      pol.name, " on ", pol.base));
+  }
+  // The revision's scales as PEFT computes them (alpha / r or / sqrt(r), per-module patterns).
+  peft::LoraConfig config;
+  config.r = rev.lora.r;
+  config.lora_alpha = rev.lora.alpha;
+  config.use_rslora = rev.lora.use_rslora;
+  for (const ModuleLora& m : rev.lora.modules) {
+    if (m.r != 0) config.rank_pattern.emplace_back(m.pattern, m.r);
+    if (m.has_alpha) config.alpha_pattern.emplace_back(m.pattern, m.alpha);
+  }
+  config.target_modules = rev.lora.target_modules;
+  LORADB_ASSIGN_OR_RETURN(TensorSet set, store.ReadTensors(rev));
+  struct Pair {
+    std::string key;
+    at::Tensor a, b;
+  };
+  std::map<std::string, Pair> modules;
+  for (const TensorView& v : set.tensors()) {
+    LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName name, peft::ParsePeftTensorName(v.name));
+    if (name.embedding) {
+      return absl::UnimplementedError(
+          absl::StrCat("reference revision ", rev.id, ": LoRA on embeddings (", v.name, ")"));
+    }
+    Pair& p = modules[name.module];
+    p.key = name.module_key;
+    LORADB_ASSIGN_OR_RETURN((name.side == peft::LoraSide::kA ? p.a : p.b), FromView(v, at::kFloat));
+  }
+  std::vector<model::LoraModuleInput> inputs;
+  for (auto& [module, p] : modules) {
+    if (!p.a.defined() || !p.b.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("reference revision ", rev.id, ": module ",
+                                                     module, " lacks lora_A or lora_B"));
+    }
+    inputs.push_back({module, p.a, p.b, config.ScaleFor(p.key)});
+  }
+  if (inputs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reference revision ", rev.id, " has no LoRA tensors"));
+  }
+  return trainer->SetReference(policy, std::move(inputs));
 }
 
 }  // namespace loradb::trainer

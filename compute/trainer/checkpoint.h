@@ -52,6 +52,14 @@ namespace loradb::trainer {
                                                                 const std::string& alias = "latest",
                                                                 DType dtype = DType::kBF16);
 
+// Makes published revision `ref` ("ID", "POLICY:ALIAS" or "POLICY@SEQ") the reference of
+// `policy` for DPO and GRPO's KL term: its factors in fp32, each module scaled as PEFT scales it
+// (alpha / r, rsLoRA, per-module patterns). FailedPrecondition when the revision is deleted or
+// belongs to another base than the policy's store policy; NotFound for an unknown reference.
+// The policy's previous reference stays on error.
+[[nodiscard]] absl::Status SetReferenceFromRevision(const Store& store, Trainer* trainer,
+                                                    int policy, const std::string& ref);
+
 }  // namespace loradb::trainer
 
 #endif  // LORADB_COMPUTE_TRAINER_CHECKPOINT_H_

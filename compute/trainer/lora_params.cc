@@ -123,6 +123,15 @@ absl::StatusOr<model::LoraAdapter> LoraParameters::BuildAdapter(const ModelConfi
   return model::LoraAdapter::Create(base, std::move(inputs), dtype, device);
 }
 
+absl::Status LoraParameters::SetScaling(double alpha, bool use_rslora) {
+  if (!(alpha > 0) || !std::isfinite(alpha)) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA alpha must be > 0, got ", alpha));
+  }
+  config_.alpha = alpha;
+  config_.use_rslora = use_rslora;
+  return absl::OkStatus();
+}
+
 absl::Status LoraParameters::Assign(const std::map<std::string, at::Tensor>& values) {
   for (const auto& [name, t] : named_) {
     auto it = values.find(name);

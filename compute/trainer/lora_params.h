@@ -67,6 +67,10 @@ class LoraParameters {
                                                                 at::ScalarType dtype,
                                                                 at::Device device) const;
 
+  // Changes the applied scaling (alpha, rsLoRA) without touching the factors, e.g. when a
+  // checkpoint trained with other settings is restored. InvalidArgument when alpha <= 0.
+  [[nodiscard]] absl::Status SetScaling(double alpha, bool use_rslora);
+
   // Overwrites the masters from `values` (by PEFT name). InvalidArgument, with nothing changed,
   // when a name is missing or extra or a shape differs.
   [[nodiscard]] absl::Status Assign(const std::map<std::string, at::Tensor>& values);

@@ -1,5 +1,6 @@
 #include "compute/trainer/tasks.h"
 
+#include <chrono>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -203,6 +204,38 @@ absl::StatusOr<std::unique_ptr<Task>> MakeTask(const std::string& name, int64_t 
       absl::StrCat("unknown task '", name, "' (mapping | preference | arithmetic)"));
 }
 
+absl::StatusOr<double> SampledMeanReward(Trainer* trainer, const Task& task, int policy,
+                                         double temperature, int64_t prompts, int64_t samples,
+                                         uint64_t seed) {
+  if (policy < 0 || policy >= trainer->num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  if (prompts < 1 || samples < 1 || !(temperature > 0)) {
+    return absl::InvalidArgumentError("prompts, samples and temperature must be > 0");
+  }
+  Rng prompt_rng(seed);
+  std::vector<SampleRequest> reqs;
+  const auto ps = task.Prompts(&prompt_rng, prompts);
+  for (const auto& p : ps) {
+    for (int64_t i = 0; i < samples; ++i) {
+      SampleRequest r;
+      r.policy = policy;
+      r.prompt = p;
+      r.max_tokens = task.completion_tokens();
+      r.temperature = temperature;
+      reqs.push_back(std::move(r));
+    }
+  }
+  const Rng saved = trainer->rng(policy);
+  trainer->rng(policy) = Rng(seed ^ 0x9e3779b97f4a7c15ULL);
+  absl::StatusOr<std::vector<SampleResult>> out = trainer->Sample(reqs);
+  trainer->rng(policy) = saved;
+  if (!out.ok()) return out.status();
+  double sum = 0;
+  for (size_t i = 0; i < out->size(); ++i) sum += task.Reward(reqs[i].prompt, (*out)[i].tokens);
+  return sum / static_cast<double>(out->size());
+}
+
 absl::StatusOr<std::vector<StepReport>> TrainStep(
     Trainer* trainer, const std::vector<std::pair<int, const Task*>>& work,
     const StepConfig& config) {
@@ -210,6 +243,9 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
   if (config.batch_size < 1 || config.micro_batches < 1 || config.grpo_prompts < 1 ||
       config.grpo_group < 1) {
     return absl::InvalidArgumentError("step sizes must be >= 1");
+  }
+  if (!(config.temperature > 0)) {
+    return absl::InvalidArgumentError("GRPO sampling temperature must be > 0");
   }
   for (const auto& [policy, task] : work) {
     if (policy < 0 || policy >= trainer->num_policies() || task == nullptr) {
@@ -244,8 +280,15 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
       }
     }
   }
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  double sample_s = 0, fb_s = 0, optim_s = 0;
   if (!requests.empty()) {
+    const auto t0 = Clock::now();
     LORADB_ASSIGN_OR_RETURN(std::vector<SampleResult> samples, trainer->Sample(requests));
+    sample_s = since(t0);
     size_t next = 0;
     for (size_t i = 0; i < k; ++i) {
       if (kinds[i] != LossKind::kGrpo) continue;
@@ -275,6 +318,7 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
           d.sampling_logprobs[start + t] = mine[j]->logprobs[t];
         }
         d.advantage = adv[j];
+        d.temperature = static_cast<float>(config.temperature);
         data[i].push_back(std::move(d));
       }
     }
@@ -297,7 +341,9 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
       b.data.assign(data[i].begin() + lo, data[i].begin() + hi);
       batches.push_back(std::move(b));
     }
+    const auto t0 = Clock::now();
     LORADB_ASSIGN_OR_RETURN(std::vector<LossReport> losses, trainer->ForwardBackward(batches));
+    fb_s += since(t0);
     for (size_t i = 0; i < k; ++i) {
       const double inv = 1.0 / static_cast<double>(config.micro_batches);
       reports[i].loss += losses[i].loss * inv;
@@ -305,11 +351,18 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
       reports[i].metric += losses[i].metric * inv;
     }
   }
+  const auto t_optim = Clock::now();
   for (size_t i = 0; i < k; ++i) {
     LORADB_ASSIGN_OR_RETURN(StepStats st, trainer->OptimStep(work[i].first));
     reports[i].grad_norm = st.grad_norm;
     reports[i].lr = st.lr;
     reports[i].step = trainer->step(work[i].first);
+  }
+  optim_s = since(t_optim);
+  for (StepReport& r : reports) {
+    r.sample_s = sample_s;
+    r.forward_backward_s = fb_s;
+    r.optim_s = optim_s;
   }
   return reports;
 }

@@ -55,7 +55,7 @@ struct StepConfig {
   int64_t batch_size = 32;    // SFT sequences / DPO pairs per step
   int64_t grpo_prompts = 8;   // GRPO prompts per step
   int64_t grpo_group = 8;     // samples per prompt
-  double temperature = 1.0;   // GRPO sampling temperature
+  double temperature = 1.0;   // GRPO sampling temperature (the loss uses the same)
   int64_t micro_batches = 1;  // gradient accumulation: ForwardBackward calls per step
   // Use SFT on TrainBatch regardless of the task's loss (warm start).
   bool force_sft = false;
@@ -71,7 +71,19 @@ struct StepReport {
   double lr = 0;
   double mean_reward = 0;  // GRPO: mean reward of this step's rollouts
   std::string rollouts;    // GRPO: the step's rollout records (prompt|completion|reward lines)
+  // Wall time of the step's phases (shared by every policy of one TrainStep call).
+  double sample_s = 0;
+  double forward_backward_s = 0;
+  double optim_s = 0;
 };
+
+// The mean reward of `policy`'s rollouts at `temperature` on `prompts` prompts drawn from
+// `seed`, `samples` rollouts each (GRPO tasks; what GRPO maximises, estimated with fixed seeds).
+// The policy's own RNG stream is left as it was.
+[[nodiscard]] absl::StatusOr<double> SampledMeanReward(Trainer* trainer, const Task& task,
+                                                       int policy, double temperature,
+                                                       int64_t prompts, int64_t samples,
+                                                       uint64_t seed);
 
 // One optimizer step for each (policy, task): GRPO rollouts of all of them share decode
 // batches, and micro-batch i of every policy shares one forward/backward. With one entry this

@@ -1,6 +1,9 @@
 #include "compute/trainer/train_tools.h"
 
+#include <ATen/Parallel.h>
+
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,9 +17,17 @@ namespace loradb::trainer {
 absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
   if (o.policy.empty()) return absl::InvalidArgumentError("--policy is required");
   if (o.steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  if (o.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
   auto say = [&](const std::string& line) {
     if (o.progress) o.progress(line);
   };
+  const int64_t threads =
+      o.threads > 0
+          ? o.threads
+          : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  at::set_num_threads(static_cast<int>(threads));
+  say(absl::StrCat("LibTorch intra-op threads: ", at::get_num_threads(),
+                   o.threads > 0 ? " (--threads)" : " (one per hardware core; --threads N)"));
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<model::Qwen3Model> model,
                           model::Qwen3Model::Load(o.model_dir));
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Task> task,
@@ -54,6 +65,15 @@ absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
       return latest.status();
     }
   }
+  if (!o.reference.empty()) {
+    LORADB_RETURN_IF_ERROR(SetReferenceFromRevision(*store, &trainer, p, o.reference));
+    say(absl::StrCat("reference: revision ", o.reference));
+  }
+  if (trainer.options(p).lora.alpha != o.alpha || trainer.options(p).lora.use_rslora != o.rslora) {
+    say(absl::StrFormat("LoRA scaling from the checkpoint: alpha %g%s",
+                        trainer.options(p).lora.alpha,
+                        trainer.options(p).lora.use_rslora ? " (rsLoRA)" : ""));
+  }
   result.start_step = trainer.step(p);
   LORADB_ASSIGN_OR_RETURN(TaskScore before, task->Evaluate(&trainer, p));
   result.start_score = before.score;
@@ -65,6 +85,7 @@ absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
   sc.micro_batches = o.micro_batches;
   sc.grpo_prompts = o.grpo_prompts;
   sc.grpo_group = o.grpo_group;
+  sc.temperature = o.temperature;
   std::string rollouts;
   while (trainer.step(p) < o.steps) {
     sc.force_sft = task->loss() == LossKind::kGrpo && trainer.step(p) < o.warm_start_steps;

@@ -30,6 +30,7 @@ struct TrainRunOptions {
   int64_t micro_batches = 1;
   int64_t grpo_prompts = 8;
   int64_t grpo_group = 8;
+  double temperature = 1.0;  // GRPO sampling temperature
   // GRPO only: SFT steps first when the policy starts from scratch (a random base never earns
   // reward on arithmetic).
   int64_t warm_start_steps = 0;
@@ -37,6 +38,10 @@ struct TrainRunOptions {
   bool resume = true;            // continue from the latest checkpoint when there is one
   bool publish = true;           // publish a revision and move `alias` at the end
   std::string alias = "latest";
+  // DPO / GRPO reference: a revision ("ID", "POLICY:ALIAS", "POLICY@SEQ"); empty: the base.
+  std::string reference;
+  // LibTorch intra-op threads; 0: one per hardware core.
+  int64_t threads = 0;
   // Called with one line per step and per event.
   std::function<void(const std::string&)> progress;
 };

@@ -111,6 +111,9 @@ absl::Status Trainer::Validate(const std::vector<PolicyBatch>& batches) const {
               absl::StrCat("datum ", i, " has token id ", t, " outside [0, ", vocab, ")"));
         }
       }
+      if (!(d.temperature > 0) || !std::isfinite(d.temperature)) {
+        return absl::InvalidArgumentError(absl::StrCat("datum ", i, " has a bad temperature"));
+      }
       for (float w : d.weights) {
         if (!std::isfinite(w) || w < 0) {
           return absl::InvalidArgumentError(absl::StrCat("datum ", i, " has a bad weight"));
@@ -130,8 +133,12 @@ absl::StatusOr<at::Tensor> Trainer::RowLogprobs(
     const std::vector<int32_t>& slots, at::Tensor* argmax_hits) const {
   std::vector<int64_t> ids, targets, seq_lens;
   std::vector<int32_t> row_slot;
+  std::vector<float> inv_temp;
+  bool tempered = false;
   for (size_t i = 0; i < data.size(); ++i) {
     const auto& t = data[i]->tokens;
+    inv_temp.insert(inv_temp.end(), t.size(), 1.0f / data[i]->temperature);
+    tempered = tempered || data[i]->temperature != 1.0f;
     ids.insert(ids.end(), t.begin(), t.end());
     targets.insert(targets.end(), t.begin() + 1, t.end());
     targets.push_back(0);  // the last position predicts nothing (weight 0)
@@ -153,6 +160,12 @@ absl::StatusOr<at::Tensor> Trainer::RowLogprobs(
   if (argmax_hits != nullptr) {
     at::NoGradGuard no_grad;
     *argmax_hits = (out.logits.argmax(-1) == tgt).to(at::kFloat).to(at::kCPU);
+  }
+  if (tempered) {
+    at::Tensor scale = at::from_blob(inv_temp.data(), {rows}, at::kFloat)
+                           .clone()
+                           .to(out.logits.device(), out.logits.scalar_type());
+    return TokenLogprobs(out.logits * scale.unsqueeze(1), tgt).to(at::kCPU);
   }
   return TokenLogprobs(out.logits, tgt).to(at::kCPU);
 }
@@ -478,7 +491,14 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
       }
       SampleResult& res = results[i];
       res.tokens.push_back(tok);
-      res.logprobs.push_back(static_cast<float>(row[tok] - log_z));
+      if (r.temperature == 0 || r.temperature == 1) {
+        res.logprobs.push_back(static_cast<float>(row[tok] - log_z));
+      } else {
+        // log softmax(row / T) at tok.
+        double zt = 0;
+        for (int64_t v = 0; v < vocab; ++v) zt += std::exp((row[v] - mx) / r.temperature);
+        res.logprobs.push_back(static_cast<float>((row[tok] - mx) / r.temperature - std::log(zt)));
+      }
       const bool stop =
           std::find(r.stop_tokens.begin(), r.stop_tokens.end(), tok) != r.stop_tokens.end();
       if (!stop && static_cast<int64_t>(res.tokens.size()) < r.max_tokens) {
@@ -509,6 +529,9 @@ absl::StatusOr<PolicySnapshot> Trainer::Snapshot(int policy) const {
   s.scheduler_name = p.options.schedule.Name();
   s.scheduler_position = p.adamw.step();
   s.rng_state = p.rng.Serialize();
+  s.lora_rank = p.params.config().rank;
+  s.lora_alpha = p.params.config().alpha;
+  s.use_rslora = p.params.config().use_rslora;
   return s;
 }
 
@@ -523,6 +546,15 @@ absl::Status Trainer::Restore(int policy, const PolicySnapshot& s) {
                                                    p.options.schedule.Name()));
   }
   if (s.micro_steps < 0) return absl::InvalidArgumentError("negative micro-step count");
+  if (s.lora_alpha != 0) {
+    if (!(s.lora_alpha > 0) || !std::isfinite(s.lora_alpha)) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint has LoRA alpha ", s.lora_alpha));
+    }
+    if (s.lora_rank != p.params.config().rank) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint has LoRA rank ", s.lora_rank,
+                                                     ", this policy ", p.params.config().rank));
+    }
+  }
   AdamW adamw(p.options.adamw);
   LORADB_RETURN_IF_ERROR(adamw.ImportState(s.optimizer, p.params.named()));
   if (adamw.step() != s.scheduler_position) {
@@ -546,6 +578,11 @@ absl::Status Trainer::Restore(int policy, const PolicySnapshot& s) {
     return absl::InvalidArgumentError("checkpoint has gradients but no accumulated micro-steps");
   }
   LORADB_RETURN_IF_ERROR(p.params.Assign(s.master));
+  if (s.lora_alpha != 0) {
+    LORADB_RETURN_IF_ERROR(p.params.SetScaling(s.lora_alpha, s.use_rslora));
+    p.options.lora.alpha = s.lora_alpha;
+    p.options.lora.use_rslora = s.use_rslora;
+  }
   p.adamw = std::move(adamw);
   p.rng = rng;
   p.micro_steps = s.micro_steps;

@@ -46,6 +46,9 @@ struct Datum {
   // weights; ignored where the weight is 0) and the sequence's advantage.
   std::vector<float> sampling_logprobs;
   float advantage = 0;
+  // Log-probabilities of this datum are those of softmax(logits / temperature): GRPO rollouts
+  // carry the temperature they were sampled at, so the ratio compares like with like.
+  float temperature = 1.0f;
 };
 
 struct PolicyOptions {
@@ -87,7 +90,9 @@ struct SampleRequest {
 };
 struct SampleResult {
   std::vector<int64_t> tokens;  // the completion
-  std::vector<float> logprobs;  // log p(token) under the sampling policy at temperature 1
+  // log p(token) under the sampling distribution: softmax(logits / temperature), or at
+  // temperature 1 for greedy requests.
+  std::vector<float> logprobs;
 };
 
 // Everything needed to resume one policy's training exactly.
@@ -99,6 +104,11 @@ struct PolicySnapshot {
   std::string scheduler_name;
   int64_t scheduler_position = 0;  // optimizer steps taken
   std::string rng_state;           // Rng::Serialize
+  // The LoRA scaling the masters were trained with; Restore applies it. lora_alpha == 0: not
+  // recorded (an older checkpoint): the policy keeps its own.
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;
+  bool use_rslora = false;
 };
 
 class Trainer {
@@ -149,7 +159,8 @@ class Trainer {
       int policy, const std::vector<Datum>& data);
 
   [[nodiscard]] absl::StatusOr<PolicySnapshot> Snapshot(int policy) const;
-  // Restores `policy` from `snapshot` (all checked first; on error nothing changes).
+  // Restores `policy` from `snapshot` (all checked first; on error nothing changes), including
+  // the snapshot's alpha / rsLoRA (its rank must match the policy's).
   [[nodiscard]] absl::Status Restore(int policy, const PolicySnapshot& snapshot);
 
   // The policy's current weights for serving: PEFT-named factors in `dtype`.

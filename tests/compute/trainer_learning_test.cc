@@ -78,7 +78,10 @@ void DpoPreference(int steps, double want_margin, double want_preferred) {
 
 TEST(TrainerLearning, DpoHeldOutMarginRises) { DpoPreference(30, 0.03, 0.75); }
 
-void GrpoArithmetic(int warm, int steps, double want_gain) {
+// GRPO after an SFT warm start, sampling at `temperature`. The score is what GRPO maximises:
+// the mean reward of the policy's rollouts at that temperature, estimated on 100 fixed prompts x
+// 8 samples with fixed seeds (the training draws are independent of it).
+void GrpoArithmetic(int warm, int steps, double temperature, double want_gain) {
   auto task = Make("arithmetic");
   Trainer t(&TinyTrainerModel());
   ASSERT_TRUE(t.AddPolicy(Opts("grpo", 3, 1e-2)).ok());
@@ -86,25 +89,33 @@ void GrpoArithmetic(int warm, int steps, double want_gain) {
   warm_sc.batch_size = 32;
   warm_sc.force_sft = true;
   Train(&t, *task, warm, warm_sc);
-  const double r0 = Score(&t, *task, 0);
+  auto r0 = SampledMeanReward(&t, *task, 0, temperature, 100, 8, 77);
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  const double g0 = Score(&t, *task, 0);
   StepConfig sc;
   sc.grpo_prompts = 16;
   sc.grpo_group = 8;
+  sc.temperature = temperature;
   Train(&t, *task, steps, sc);
-  const double r1 = Score(&t, *task, 0);
+  auto r1 = SampledMeanReward(&t, *task, 0, temperature, 100, 8, 77);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  const double g1 = Score(&t, *task, 0);
   std::fprintf(stderr,
-               "arithmetic mean greedy reward %.3f (after %d SFT steps) -> %.3f (after %d "
-               "GRPO steps)\n",
-               r0, warm, r1, steps);
-  EXPECT_GE(r1, r0 + want_gain);
+               "arithmetic mean reward at T=%.2f %.3f (after %d SFT steps) -> %.3f (after %d "
+               "GRPO steps); greedy %.3f -> %.3f\n",
+               temperature, *r0, warm, *r1, steps, g0, g1);
+  EXPECT_GE(*r1, *r0 + want_gain);
 }
 
-// Not in the default run: with 15 SFT warm-start steps and 40 GRPO steps the greedy reward
-// measured 0.275 -> 0.280 (no clear rise); the schedule that proves GRPO learning is still
-// being tuned (see the report of issue 7).
+// Not in the default run: GRPO does not yet learn this task by a clear margin. Measured
+// (session 2): at T = 1 the warm-started policy's rollouts earn ~0.006 (its distribution is
+// nearly flat over the vocabulary even where the argmax is right), so sampling now uses a
+// temperature and the loss the same one; at T = 0.3 the sampled reward goes 0.314 -> 0.349
+// after 40 GRPO steps (lr 1e-2), 0.314 -> 0.331..0.370 after 60 steps at lr 1e-3..3e-3, and
+// falls at T = 0.2 (0.473 -> 0.309). This threshold is the goal, not a measured result.
 TEST(TrainerLearningSlow, GrpoRewardRisesAfterWarmStart) {
   LORADB_SLOW_TEST();
-  GrpoArithmetic(30, 60, 0.1);
+  GrpoArithmetic(30, 40, 0.3, 0.1);
 }
 
 TEST(TrainerLearning, TimeSlicedPoliciesTrainLikeSequentialOnes) {

@@ -165,5 +165,126 @@ TEST(TrainerStore, PublishForSamplingMakesARevisionFromTheCheckpoint) {
   EXPECT_EQ((*store)->GetRevisionByAlias("acme/sft", "latest")->id, rev2->id);
 }
 
+TEST(TrainerStore, CheckpointKeepsAlphaAndRsLoraAndResumeUsesThem) {
+  TempDir dir, model_dir;
+  const std::string mdir = WriteConfig(model_dir);
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(EnsurePolicy(store->get(), "tiny", mdir, "acme/rs").ok());
+  auto task = MakeTask("mapping", TinyTrainerModel().config().vocab_size, 1);
+  ASSERT_TRUE(task.ok());
+  StepConfig sc;
+  sc.batch_size = 8;
+  PolicyOptions trained = Opts("acme/rs");
+  trained.lora.alpha = 7.3;  // not exact in fp32: the checkpoint keeps it exactly
+  trained.lora.use_rslora = true;
+  Trainer full(&TinyTrainerModel());
+  ASSERT_TRUE(full.AddPolicy(trained).ok());
+  Steps(&full, **task, 2, sc);
+  auto ck = SaveCheckpoint(store->get(), full, 0, 0);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  const auto expected = Steps(&full, **task, 2, sc);
+
+  // Resumed by a trainer configured with the defaults (alpha 16, no rsLoRA).
+  Trainer resumed(&TinyTrainerModel());
+  ASSERT_TRUE(resumed.AddPolicy(Opts("acme/rs")).ok());
+  ASSERT_EQ(resumed.options(0).lora.alpha, 16.0);
+  ASSERT_TRUE(LoadCheckpoint(**store, &resumed, 0, ck->id).ok());
+  EXPECT_EQ(resumed.options(0).lora.alpha, 7.3);
+  EXPECT_TRUE(resumed.options(0).lora.use_rslora);
+  EXPECT_EQ(resumed.parameters(0).config().alpha, 7.3);
+  EXPECT_TRUE(resumed.parameters(0).config().use_rslora);
+  const auto got = Steps(&resumed, **task, 2, sc);
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "step " << i;
+
+  // A snapshot without recorded scaling (alpha 0, as before it was recorded) keeps the
+  // policy's own, and then the losses differ: the equality above depends on the scaling.
+  auto snap = resumed.Snapshot(0);
+  ASSERT_TRUE(snap.ok());
+  Trainer full2(&TinyTrainerModel()), old(&TinyTrainerModel());
+  ASSERT_TRUE(full2.AddPolicy(trained).ok());
+  ASSERT_TRUE(old.AddPolicy(Opts("acme/rs")).ok());
+  ASSERT_TRUE(LoadCheckpoint(**store, &full2, 0, ck->id).ok());
+  auto at_ck = full2.Snapshot(0);
+  ASSERT_TRUE(at_ck.ok());
+  PolicySnapshot legacy = *at_ck;
+  legacy.lora_alpha = 0;
+  ASSERT_TRUE(old.Restore(0, legacy).ok());
+  EXPECT_EQ(old.options(0).lora.alpha, 16.0);
+  EXPECT_FALSE(old.options(0).lora.use_rslora);
+  const auto unscaled = Steps(&old, **task, 1, sc);
+  ASSERT_EQ(unscaled.size(), 1u);
+  EXPECT_NE(unscaled[0], expected[0]);
+  Trainer wrong(&TinyTrainerModel());
+  ASSERT_TRUE(wrong.AddPolicy(Opts("acme/rs")).ok());
+  // A bad recorded alpha or another rank is refused with nothing changed.
+  PolicySnapshot bad = *snap;
+  bad.lora_alpha = -1;
+  EXPECT_FALSE(wrong.Restore(0, bad).ok());
+  bad = *snap;
+  bad.lora_rank = 5;
+  EXPECT_FALSE(wrong.Restore(0, bad).ok());
+  EXPECT_EQ(wrong.options(0).lora.alpha, 16.0);
+  EXPECT_EQ(wrong.step(0), 0);
+}
+
+TEST(TrainerStore, DpoReferenceFromAStoreRevision) {
+  TempDir dir, model_dir;
+  const std::string mdir = WriteConfig(model_dir);
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(EnsurePolicy(store->get(), "tiny", mdir, "acme/ref").ok());
+  ASSERT_TRUE(EnsurePolicy(store->get(), "tiny", mdir, "acme/dpo").ok());
+  auto sft = MakeTask("mapping", TinyTrainerModel().config().vocab_size, 1);
+  auto pref = MakeTask("preference", TinyTrainerModel().config().vocab_size, 1);
+  ASSERT_TRUE(sft.ok() && pref.ok());
+
+  // The reference: a policy trained a little (so it differs from the base), published in fp32
+  // with rsLoRA scaling.
+  Trainer t(&TinyTrainerModel());
+  PolicyOptions ro = Opts("acme/ref");
+  ro.lora.use_rslora = true;
+  ASSERT_TRUE(t.AddPolicy(ro).ok());
+  StepConfig sc;
+  sc.batch_size = 8;
+  Steps(&t, **sft, 3, sc);
+  auto ck = SaveCheckpoint(store->get(), t, 0, 0);
+  ASSERT_TRUE(ck.ok());
+  auto rev = PublishForSampling(store->get(), t, 0, ck->id, "ref", DType::kF32);
+  ASSERT_TRUE(rev.ok()) << rev.status();
+
+  ASSERT_TRUE(t.AddPolicy(Opts("acme/dpo")).ok());
+  // Bad references leave the policy's reference (the base) in place.
+  EXPECT_EQ(SetReferenceFromRevision(**store, &t, 1, "acme/ref:nope").code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(SetReferenceFromRevision(**store, &t, 7, "acme/ref:ref").ok());
+  Rng rng(11);
+  const auto pairs = (*pref)->TrainBatch(&rng, 4);
+  auto base_ref = t.Evaluate({{1, LossKind::kDpo, pairs}});
+  ASSERT_TRUE(base_ref.ok()) << base_ref.status();
+  EXPECT_NEAR((*base_ref)[0].metric, 0.0, 1e-7);  // the fresh policy equals the base
+
+  ASSERT_TRUE(SetReferenceFromRevision(**store, &t, 1, "acme/ref:ref").ok());
+  auto with_ref = t.Evaluate({{1, LossKind::kDpo, pairs}});
+  ASSERT_TRUE(with_ref.ok()) << with_ref.status();
+  // Expected margin: beta * ((pol_c - ref_c) - (pol_r - ref_r)) with ref = policy 0's weights.
+  auto pol = t.Logprobs(1, pairs);
+  auto ref = t.Logprobs(0, pairs);
+  ASSERT_TRUE(pol.ok() && ref.ok());
+  double want = 0;
+  for (size_t i = 0; i < pairs.size(); i += 2) {
+    double c = 0, r = 0;
+    for (size_t j = 0; j < pairs[i].weights.size(); ++j) {
+      c += pairs[i].weights[j] * ((*pol)[i][j] - (*ref)[i][j]);
+      r += pairs[i + 1].weights[j] * ((*pol)[i + 1][j] - (*ref)[i + 1][j]);
+    }
+    want += t.options(1).dpo_beta * (c - r);
+  }
+  want /= static_cast<double>(pairs.size() / 2);
+  EXPECT_GT(std::abs(want), 1e-4);  // the reference really differs from the base
+  EXPECT_NEAR((*with_ref)[0].metric, want, 1e-5 + 1e-3 * std::abs(want));
+}
+
 }  // namespace
 }  // namespace loradb::trainer

@@ -41,9 +41,15 @@ void SetupTrain(CLI::App* sub, Invocation* inv) {
   sub->add_option("--micro-batches", r.micro_batches, "gradient accumulation (default 1)");
   sub->add_option("--grpo-prompts", r.grpo_prompts, "GRPO prompts per step (default 8)");
   sub->add_option("--grpo-group", r.grpo_group, "GRPO samples per prompt (default 8)");
+  sub->add_option("--temperature", r.temperature, "GRPO sampling temperature (default 1)");
   sub->add_option("--warm-start", r.warm_start_steps, "GRPO: SFT steps first (default 0)");
   sub->add_option("--checkpoint-every", r.checkpoint_every, "checkpoint every N steps");
   sub->add_option("--alias", r.alias, "alias moved to the published revision (default latest)");
+  sub->add_option(
+      "--reference", r.reference,
+      "DPO/GRPO reference revision (ID, POLICY:ALIAS or POLICY@SEQ; default: the base)");
+  sub->add_option("--threads", r.threads,
+                  "LibTorch intra-op threads (default 0 = one per hardware core)");
   sub->add_flag("--fresh", a->fresh, "ignore existing checkpoints");
   sub->add_flag("--no-publish", a->no_publish, "do not publish a revision");
   AddJsonFlag(sub, &a->json);
