@@ -1,7 +1,10 @@
 // torch.distributed plumbing (compute/distributed/process_group, launcher) and data-parallel
 // LoRA training (`loradb dist-train`), on CPU with Gloo over loopback. Ranks are separate
 // processes: the built `loradb` binary launches copies of itself.
+#include <dirent.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -9,8 +12,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "compute/distributed/dp_sync.h"
 #include "compute/distributed/launcher.h"
 #include "compute/distributed/process_group.h"
@@ -230,6 +237,78 @@ TEST_F(DpTrainTest, ResumesOnTwoRanksFromRankZerosCheckpoint) {
   EXPECT_EQ(second["start_step"], 3);
   EXPECT_EQ(second["end_step"], 6);
   EXPECT_EQ(second["losses"].size(), 3u);
+}
+
+// The pid of `parent`'s child process whose environment has LORADB_RANK=`rank` (0: none).
+pid_t FindRank(pid_t parent, int rank) {
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return 0;
+  pid_t found = 0;
+  while (dirent* e = readdir(d)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    const std::string stat = Slurp(absl::StrCat("/proc/", pid, "/stat"));
+    // "pid (comm) state ppid ...": the fields after the last ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+    int ppid = 0;
+    if (f.size() < 2 || !absl::SimpleAtoi(f[1], &ppid) || ppid != parent) continue;
+    const std::string env = Slurp(absl::StrCat("/proc/", pid, "/environ"));
+    for (absl::string_view var : absl::StrSplit(env, '\0')) {
+      if (var == absl::StrCat("LORADB_RANK=", rank)) found = pid;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+TEST_F(DpTrainTest, KilledRankAbortsTheRunAndARerunResumesFromTheLastCheckpoint) {
+  const std::string store = dir_.file("store"), err = dir_.file("kill.err");
+  const std::string cmd = absl::StrCat("OMP_NUM_THREADS=1 exec '", LORADB_CLI_PATH, "' --store '",
+                                       store, "' dist-train --world 2 --model '", model_,
+                                       "' --policy p --task mapping --steps 100000 --batch 8 --lr "
+                                       "1e-2 --checkpoint-every 2 >/dev/null 2>'",
+                                       err, "'");
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for rank 0's first checkpoint, then SIGKILL rank 1 mid-training. (The loop bound is
+  // a safety net against a hang, not a speed assertion.)
+  pid_t rank1 = 0;
+  for (int i = 0; i < 6000 && rank1 == 0; ++i) {
+    if (Slurp(err).find("checkpoint ") != std::string::npos) rank1 = FindRank(launcher, 1);
+    if (rank1 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (rank1 == 0) kill(launcher, SIGKILL);
+  int st = 0;
+  if (rank1 != 0) {
+    ASSERT_EQ(kill(rank1, SIGKILL), 0);
+  }
+  ASSERT_EQ(waitpid(launcher, &st, 0), launcher);
+  ASSERT_NE(rank1, 0) << "no checkpoint line within 300 s: " << Slurp(err);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << st;
+  const std::string text = Slurp(err);
+  EXPECT_NE(text.find("distributed run aborted: rank 1 was killed by signal 9"), std::string::npos)
+      << text;
+  // The last checkpoint rank 0 reported ("checkpoint ID at step S"): a rerun resumes there (or
+  // at the next one, when rank 0 committed it but was stopped before printing the line).
+  int64_t last_step = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    std::vector<std::string> w = absl::StrSplit(line, ' ');
+    if (w.size() == 5 && w[0] == "checkpoint" && w[2] == "at") {
+      ASSERT_TRUE(absl::SimpleAtoi(w[4], &last_step)) << line;
+    }
+  }
+  ASSERT_GE(last_step, 2);
+  const nlohmann::json resumed = Train(store, 2, static_cast<int>(last_step) + 4, 8, "");
+  ASSERT_TRUE(resumed.is_object());
+  const int64_t start = resumed["start_step"];
+  EXPECT_TRUE(start == last_step || start == last_step + 2) << start << " vs " << last_step;
+  EXPECT_EQ(resumed["end_step"], last_step + 4);
 }
 
 TEST_F(DpTrainTest, BadInputFailsOnEveryRankAndLeavesTheStoreAlone) {
