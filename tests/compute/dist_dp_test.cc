@@ -219,6 +219,9 @@ TEST_F(DpTrainTest, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   // One gradient all-reduce (one bucket) per step.
   EXPECT_EQ(two["gradient_allreduces"], 6);
   EXPECT_EQ(one["gradient_allreduces"], 0);
+  // Every collective of the run: 6 gradient buckets, 2 for the initial state broadcast (size,
+  // bytes) and 4 one-flag agreements (model load, store open, checkpoint, publish).
+  EXPECT_EQ(two["collective_calls"], 6 + 2 + 4);
   // Rank 0 alone wrote: one checkpoint and one revision in the store.
   CliRun ls = Cli(dir_, dir_.file("store2"), "ls --json");
   ASSERT_EQ(ls.rc, 0) << ls.err;
