@@ -1,8 +1,11 @@
 // torch.distributed plumbing (compute/distributed/process_group, launcher) and data-parallel
 // LoRA training (`loradb dist-train`), on CPU with Gloo over loopback. Ranks are separate
 // processes: the built `loradb` binary launches copies of itself.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -156,6 +159,34 @@ TEST(DistCliTest, CollectiveSelfCheckOnTwoAndThreeGlooRanks) {
     EXPECT_NE(r.out.find(absl::StrCat("rank 0/", world, " gloo on cpu: ok")), std::string::npos)
         << r.out;
   }
+}
+
+// A loopback port that was free a moment ago (0 when none could be had).
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+TEST(DistCliTest, TcpStoreRendezvousOnLoopback) {
+  SKIP_WITHOUT_C10D();
+  TempDir dir;
+  const int port = FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  CliRun r = Cli(dir, dir.file("store"),
+                 absl::StrCat("dist-check --world 2 --rendezvous tcp:127.0.0.1:", port));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("rank 0/2 gloo on cpu: ok"), std::string::npos) << r.out;
 }
 
 TEST(DistCliTest, ARankThatDiesAbortsTheRunWithAClearError) {
