@@ -214,11 +214,12 @@ class DpTrainTest : public ::testing::Test {
   // `loradb dist-train` of policy p on the mapping task; the parsed JSON report (null on
   // failure, which fails the test unless `run` is given to inspect it).
   nlohmann::json Train(const std::string& store, int world, int steps, int batch,
-                       const std::string& extra, CliRun* run = nullptr) {
+                       const std::string& extra, CliRun* run = nullptr,
+                       const std::string& task = "mapping") {
     CliRun r = Cli(dir_, store,
                    absl::StrCat("dist-train --json --world ", world, " --model '", model_,
-                                "' --policy p --task mapping --steps ", steps, " --batch ", batch,
-                                " --lr 1e-2 ", extra));
+                                "' --policy p --task ", task, " --steps ", steps, " --batch ",
+                                batch, " --lr 1e-2 ", extra));
     if (run != nullptr) *run = r;
     if (r.rc != 0) {
       if (run != nullptr) return nlohmann::json();
@@ -259,6 +260,22 @@ TEST_F(DpTrainTest, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   EXPECT_EQ(nlohmann::json::parse(ls.out).size(), 1u) << ls.out;
   EXPECT_NE(two["revision"], 0);
   EXPECT_NE(two["checkpoint"], 0);
+}
+
+TEST_F(DpTrainTest, TwoRanksMatchOneRankForDpoPairs) {
+  // DPO averages over pairs (each rank's loss weight is its number of pairs).
+  const nlohmann::json one = Train(dir_.file("store1"), 1, 3, 4, "", nullptr, "preference");
+  const nlohmann::json two = Train(dir_.file("store2"), 2, 3, 4, "", nullptr, "preference");
+  ASSERT_TRUE(one.is_object() && two.is_object());
+  const auto l1 = one["losses"].get<std::vector<double>>();
+  const auto l2 = two["losses"].get<std::vector<double>>();
+  ASSERT_EQ(l1.size(), 3u);
+  ASSERT_EQ(l2.size(), 3u);
+  for (size_t i = 0; i < l1.size(); ++i) {
+    EXPECT_NEAR(l2[i], l1[i], 1e-4 * std::max(1.0, std::abs(l1[i]))) << "step " << i + 1;
+  }
+  const double w1 = one["weights_l1"], w2 = two["weights_l1"];
+  EXPECT_NEAR(w2, w1, 1e-4 * w1);
 }
 
 TEST_F(DpTrainTest, ResumesOnTwoRanksFromRankZerosCheckpoint) {
