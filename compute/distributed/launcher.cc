@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,11 +101,13 @@ absl::StatusOr<std::vector<RankExit>> LaunchRanks(const LaunchOptions& o) {
 
   std::vector<pid_t> pids(o.world_size, -1);
   std::vector<RankExit> exits(o.world_size);
+  // Each rank leads its own process group, so a stop reaches whatever it started too.
   auto kill_all = [&](int sig) {
     for (pid_t p : pids) {
-      if (p > 0) kill(p, sig);
+      if (p > 0) kill(-p, sig);
     }
   };
+  const pid_t launcher = getpid();
   for (int r = 0; r < o.world_size; ++r) {
     exits[r].rank = r;
     const pid_t pid = fork();
@@ -117,6 +120,10 @@ absl::StatusOr<std::vector<RankExit>> LaunchRanks(const LaunchOptions& o) {
       return absl::InternalError(absl::StrCat("fork: ", strerror(err)));
     }
     if (pid == 0) {
+      setpgid(0, 0);
+      // A rank must not outlive its launcher (Ctrl-C or a kill of the launcher stops the job).
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(128 + SIGTERM);
       if (r > 0 && o.quiet_followers) {
         const int fd = open("/dev/null", O_WRONLY);
         if (fd >= 0) dup2(fd, STDOUT_FILENO);
@@ -124,6 +131,7 @@ absl::StatusOr<std::vector<RankExit>> LaunchRanks(const LaunchOptions& o) {
       execve(args[0], args.data(), envps[r].data());
       _exit(127);
     }
+    setpgid(pid, pid);  // also here: no race with a stop before the child ran setpgid
     pids[r] = pid;
   }
 

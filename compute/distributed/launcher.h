@@ -4,8 +4,10 @@
 // LORADB_DIST_TIMEOUT_MS, which process_group.h's GroupOptionsFromEnvironment reads.
 //
 // When one rank fails (non-zero exit or a signal), the others are stopped (SIGTERM, then SIGKILL
-// after `grace`) and the launch reports which rank failed first: a DP or TP job is only useful
-// whole. Torch-free (the CLI includes it).
+// after `grace`, to each rank's whole process group: every rank leads one) and the launch
+// reports which rank failed first: a DP or TP job is only useful whole. Ranks get SIGTERM when
+// the launcher dies (PR_SET_PDEATHSIG), so Ctrl-C on the launcher stops the job.
+// Torch-free (the CLI includes it).
 #ifndef LORADB_COMPUTE_DISTRIBUTED_LAUNCHER_H_
 #define LORADB_COMPUTE_DISTRIBUTED_LAUNCHER_H_
 

@@ -1,7 +1,13 @@
 // torch.distributed plumbing (compute/distributed/process_group, launcher) and data-parallel
 // LoRA training (`loradb dist-train`), on CPU with Gloo over loopback. Ranks are separate
 // processes: the built `loradb` binary launches copies of itself.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -9,8 +15,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "compute/distributed/dp_sync.h"
 #include "compute/distributed/launcher.h"
 #include "compute/distributed/process_group.h"
@@ -151,6 +161,34 @@ TEST(DistCliTest, CollectiveSelfCheckOnTwoAndThreeGlooRanks) {
   }
 }
 
+// A loopback port that was free a moment ago (0 when none could be had).
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+TEST(DistCliTest, TcpStoreRendezvousOnLoopback) {
+  SKIP_WITHOUT_C10D();
+  TempDir dir;
+  const int port = FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  CliRun r = Cli(dir, dir.file("store"),
+                 absl::StrCat("dist-check --world 2 --rendezvous tcp:127.0.0.1:", port));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("rank 0/2 gloo on cpu: ok"), std::string::npos) << r.out;
+}
+
 TEST(DistCliTest, ARankThatDiesAbortsTheRunWithAClearError) {
   SKIP_WITHOUT_C10D();
   TempDir dir;
@@ -176,11 +214,12 @@ class DpTrainTest : public ::testing::Test {
   // `loradb dist-train` of policy p on the mapping task; the parsed JSON report (null on
   // failure, which fails the test unless `run` is given to inspect it).
   nlohmann::json Train(const std::string& store, int world, int steps, int batch,
-                       const std::string& extra, CliRun* run = nullptr) {
+                       const std::string& extra, CliRun* run = nullptr,
+                       const std::string& task = "mapping") {
     CliRun r = Cli(dir_, store,
                    absl::StrCat("dist-train --json --world ", world, " --model '", model_,
-                                "' --policy p --task mapping --steps ", steps, " --batch ", batch,
-                                " --lr 1e-2 ", extra));
+                                "' --policy p --task ", task, " --steps ", steps, " --batch ",
+                                batch, " --lr 1e-2 ", extra));
     if (run != nullptr) *run = r;
     if (r.rc != 0) {
       if (run != nullptr) return nlohmann::json();
@@ -212,12 +251,31 @@ TEST_F(DpTrainTest, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   // One gradient all-reduce (one bucket) per step.
   EXPECT_EQ(two["gradient_allreduces"], 6);
   EXPECT_EQ(one["gradient_allreduces"], 0);
+  // Every collective of the run: 6 gradient buckets, 2 for the initial state broadcast (size,
+  // bytes) and 4 one-flag agreements (model load, store open, checkpoint, publish).
+  EXPECT_EQ(two["collective_calls"], 6 + 2 + 4);
   // Rank 0 alone wrote: one checkpoint and one revision in the store.
   CliRun ls = Cli(dir_, dir_.file("store2"), "ls --json");
   ASSERT_EQ(ls.rc, 0) << ls.err;
   EXPECT_EQ(nlohmann::json::parse(ls.out).size(), 1u) << ls.out;
   EXPECT_NE(two["revision"], 0);
   EXPECT_NE(two["checkpoint"], 0);
+}
+
+TEST_F(DpTrainTest, TwoRanksMatchOneRankForDpoPairs) {
+  // DPO averages over pairs (each rank's loss weight is its number of pairs).
+  const nlohmann::json one = Train(dir_.file("store1"), 1, 3, 4, "", nullptr, "preference");
+  const nlohmann::json two = Train(dir_.file("store2"), 2, 3, 4, "", nullptr, "preference");
+  ASSERT_TRUE(one.is_object() && two.is_object());
+  const auto l1 = one["losses"].get<std::vector<double>>();
+  const auto l2 = two["losses"].get<std::vector<double>>();
+  ASSERT_EQ(l1.size(), 3u);
+  ASSERT_EQ(l2.size(), 3u);
+  for (size_t i = 0; i < l1.size(); ++i) {
+    EXPECT_NEAR(l2[i], l1[i], 1e-4 * std::max(1.0, std::abs(l1[i]))) << "step " << i + 1;
+  }
+  const double w1 = one["weights_l1"], w2 = two["weights_l1"];
+  EXPECT_NEAR(w2, w1, 1e-4 * w1);
 }
 
 TEST_F(DpTrainTest, ResumesOnTwoRanksFromRankZerosCheckpoint) {
@@ -230,6 +288,78 @@ TEST_F(DpTrainTest, ResumesOnTwoRanksFromRankZerosCheckpoint) {
   EXPECT_EQ(second["start_step"], 3);
   EXPECT_EQ(second["end_step"], 6);
   EXPECT_EQ(second["losses"].size(), 3u);
+}
+
+// The pid of `parent`'s child process whose environment has LORADB_RANK=`rank` (0: none).
+pid_t FindRank(pid_t parent, int rank) {
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return 0;
+  pid_t found = 0;
+  while (dirent* e = readdir(d)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    const std::string stat = Slurp(absl::StrCat("/proc/", pid, "/stat"));
+    // "pid (comm) state ppid ...": the fields after the last ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+    int ppid = 0;
+    if (f.size() < 2 || !absl::SimpleAtoi(f[1], &ppid) || ppid != parent) continue;
+    const std::string env = Slurp(absl::StrCat("/proc/", pid, "/environ"));
+    for (absl::string_view var : absl::StrSplit(env, '\0')) {
+      if (var == absl::StrCat("LORADB_RANK=", rank)) found = pid;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+TEST_F(DpTrainTest, KilledRankAbortsTheRunAndARerunResumesFromTheLastCheckpoint) {
+  const std::string store = dir_.file("store"), err = dir_.file("kill.err");
+  const std::string cmd = absl::StrCat("OMP_NUM_THREADS=1 exec '", LORADB_CLI_PATH, "' --store '",
+                                       store, "' dist-train --world 2 --model '", model_,
+                                       "' --policy p --task mapping --steps 100000 --batch 8 --lr "
+                                       "1e-2 --checkpoint-every 2 >/dev/null 2>'",
+                                       err, "'");
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for rank 0's first checkpoint, then SIGKILL rank 1 mid-training. (The loop bound is
+  // a safety net against a hang, not a speed assertion.)
+  pid_t rank1 = 0;
+  for (int i = 0; i < 6000 && rank1 == 0; ++i) {
+    if (Slurp(err).find("checkpoint ") != std::string::npos) rank1 = FindRank(launcher, 1);
+    if (rank1 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (rank1 == 0) kill(launcher, SIGKILL);
+  int st = 0;
+  if (rank1 != 0) {
+    ASSERT_EQ(kill(rank1, SIGKILL), 0);
+  }
+  ASSERT_EQ(waitpid(launcher, &st, 0), launcher);
+  ASSERT_NE(rank1, 0) << "no checkpoint line within 300 s: " << Slurp(err);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << st;
+  const std::string text = Slurp(err);
+  EXPECT_NE(text.find("distributed run aborted: rank 1 was killed by signal 9"), std::string::npos)
+      << text;
+  // The last checkpoint rank 0 reported ("checkpoint ID at step S"): a rerun resumes there (or
+  // at the next one, when rank 0 committed it but was stopped before printing the line).
+  int64_t last_step = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    std::vector<std::string> w = absl::StrSplit(line, ' ');
+    if (w.size() == 5 && w[0] == "checkpoint" && w[2] == "at") {
+      ASSERT_TRUE(absl::SimpleAtoi(w[4], &last_step)) << line;
+    }
+  }
+  ASSERT_GE(last_step, 2);
+  const nlohmann::json resumed = Train(store, 2, static_cast<int>(last_step) + 4, 8, "");
+  ASSERT_TRUE(resumed.is_object());
+  const int64_t start = resumed["start_step"];
+  EXPECT_TRUE(start == last_step || start == last_step + 2) << start << " vs " << last_step;
+  EXPECT_EQ(resumed["end_step"], last_step + 4);
 }
 
 TEST_F(DpTrainTest, BadInputFailsOnEveryRankAndLeavesTheStoreAlone) {

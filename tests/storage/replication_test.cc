@@ -156,12 +156,11 @@ Writer SpawnWriter(const std::string& dir, uint64_t ops) {
 // Reads acks until `want` are complete or the pipe closes (the writer exited or died).
 void ReadAcks(Writer* w, size_t want, std::vector<Ack>* acks) {
   char chunk[4096];
-  while (acks->size() < want) {
-    const ssize_t n = read(w->fd, chunk, sizeof(chunk));
-    if (n <= 0) break;
-    w->buf.append(chunk, static_cast<size_t>(n));
+  for (;;) {
+    // Take at most `want` acks: one read may return several lines (a loaded machine lets the
+    // writer run ahead); the rest stay buffered for the next call.
     size_t nl;
-    while ((nl = w->buf.find('\n')) != std::string::npos) {
+    while (acks->size() < want && (nl = w->buf.find('\n')) != std::string::npos) {
       std::vector<std::string> parts = absl::StrSplit(w->buf.substr(0, nl), ' ');
       w->buf.erase(0, nl + 1);
       Ack a;
@@ -170,6 +169,10 @@ void ReadAcks(Writer* w, size_t want, std::vector<Ack>* acks) {
         acks->push_back(a);
       }
     }
+    if (acks->size() >= want) return;
+    const ssize_t n = read(w->fd, chunk, sizeof(chunk));
+    if (n <= 0) return;
+    w->buf.append(chunk, static_cast<size_t>(n));
   }
 }
 

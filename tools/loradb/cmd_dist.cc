@@ -24,13 +24,14 @@ namespace {
 bool IsRank() { return std::getenv("LORADB_RANK") != nullptr; }
 
 // Re-runs this command line as `world` ranks; prints how it ended.
-absl::Status LaunchSelf(int world, int timeout_ms) {
+absl::Status LaunchSelf(int world, int timeout_ms, const std::string& rendezvous = "") {
   if (world < 1) return absl::InvalidArgumentError("--world must be >= 1");
   absl::StatusOr<std::vector<std::string>> argv = dist::SelfCommandLine();
   if (!argv.ok()) return argv.status();
   dist::LaunchOptions lo;
   lo.argv = *argv;
   lo.world_size = world;
+  lo.rendezvous = rendezvous;
   lo.collective_timeout = std::chrono::milliseconds(timeout_ms);
   // Share the cores between the ranks (like torchrun) unless the user chose.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -49,6 +50,7 @@ struct CheckArgs {
   dist::SelfCheckOptions check;
   int world = 2;
   int timeout_ms = 60000;
+  std::string rendezvous;
 };
 
 void SetupDistCheck(CLI::App* sub, Invocation* inv) {
@@ -59,9 +61,11 @@ void SetupDistCheck(CLI::App* sub, Invocation* inv) {
   sub->add_option("--elements", a->check.elements, "all-reduce size (default 65536)");
   sub->add_option("--timeout-ms", a->timeout_ms, "collective timeout (default 60000)");
   sub->add_option("--die-rank", a->check.die_rank, "test hook: this rank kills itself");
+  sub->add_option("--rendezvous", a->rendezvous,
+                  "file:PATH or tcp:HOST:PORT (default: a FileStore in a temp dir)");
   sub->callback([inv, a] {
     inv->run = [a]() -> absl::Status {
-      if (!IsRank()) return LaunchSelf(a->world, a->timeout_ms);
+      if (!IsRank()) return LaunchSelf(a->world, a->timeout_ms, a->rendezvous);
       absl::StatusOr<dist::SelfCheckResult> r = dist::RunSelfCheck(a->check);
       if (!r.ok()) return r.status();
       std::printf("rank %d/%d %s on %s: ok, %lld collectives, all-reduce of %lld floats %.3f ms\n",
