@@ -256,7 +256,7 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
     }
     at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
     at::Tensor attn = at::matmul(probs, vs).transpose(1, 2).reshape({seqs * n, nh * hd});
-    return Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO);
+    return ReducePartial(Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO));
   }
 
   std::vector<at::Tensor> outs;
