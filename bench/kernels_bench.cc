@@ -277,7 +277,7 @@ LORADB_REGISTER_SCENARIO(ScenarioDef{
     "kernels",
     "multi-LoRA kernels: CPU table (base, 1 vs 64 adapters, reference, gather+bmm) | gpu",
     Run,
-    {"cpu", "--batches=1,16,64,256", "--min-seconds=0.2"}});
+    {"cpu", "--batches=1,16,64,256", "--min-seconds=1"}});
 
 }  // namespace
 }  // namespace loradb::bench
