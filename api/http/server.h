@@ -45,10 +45,12 @@ struct ServerOptions {
   bool auth_reads = false;
   size_t max_body_bytes = 1 << 20;     // larger bodies get 413
   size_t max_header_bytes = 16 << 10;  // kEventLoop: larger request heads get 431
-  int worker_threads = 64;             // connections served at once
-  int max_queued_connections = 64;     // accepted connections waiting for a worker
-  int reject_threads = 2;              // answer 503 to connections past the limits above
-  int read_timeout_ms = 5000;          // per read; bounds how long a slow client holds a worker
+  // kThreads: connections served at once / accepted connections waiting for a worker;
+  // kEventLoop: the connection limit is their sum.
+  int worker_threads = 64;
+  int max_queued_connections = 64;
+  int reject_threads = 2;      // answer 503 to connections past the limits above
+  int read_timeout_ms = 5000;  // per read; bounds how long a slow client holds a worker
   int write_timeout_ms = 5000;
   int keep_alive_timeout_s = 5;
   int keep_alive_max_requests = 1000;

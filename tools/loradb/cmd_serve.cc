@@ -129,9 +129,12 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
   sub->add_flag("--auth-reads", args->auth_reads, "require the token for read calls as well");
   sub->add_option("--max-body-bytes", args->max_body_bytes, "largest accepted request body")
       ->capture_default_str();
-  sub->add_option("--threads", args->threads, "connections served at once")->capture_default_str();
+  sub->add_option("--threads", args->threads,
+                  "connection limit, together with --max-queued-connections (open connections "
+                  "past the sum get 503)")
+      ->capture_default_str();
   sub->add_option("--max-queued-connections", args->max_queued,
-                  "accepted connections that may wait for a thread")
+                  "connections accepted past --threads before new ones get 503")
       ->capture_default_str();
   sub->add_option("--read-timeout-ms", args->read_timeout_ms,
                   "per-read and per-write socket timeout")
