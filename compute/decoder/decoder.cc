@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "storage/formats/peft.h"
+#include "storage/store/lora_peft.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::decoder {
@@ -59,20 +60,6 @@ absl::StatusOr<at::ScalarType> ToScalarType(DType dtype, const std::string& name
       return absl::InvalidArgumentError(
           absl::StrCat("adapter tensor ", name, " has a non-float dtype"));
   }
-}
-
-// The PEFT config equivalent of a revision's LoRA settings (what decides each module's scale).
-peft::LoraConfig ToPeftConfig(const LoraSettings& s) {
-  peft::LoraConfig c;
-  c.r = s.r;
-  c.lora_alpha = s.alpha;
-  c.use_rslora = s.use_rslora;
-  for (const auto& m : s.modules) {
-    if (m.r != 0) c.rank_pattern.emplace_back(m.pattern, m.r);
-    if (m.has_alpha) c.alpha_pattern.emplace_back(m.pattern, m.alpha);
-  }
-  c.target_modules = s.target_modules;
-  return c;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "compute/distributed/tp_model.h"
 #include "storage/formats/peft.h"
+#include "storage/store/lora_peft.h"
 #include "storage/store/store.h"
 #include "storage/tiers/host_buffer.h"
 #include "storage/util/status_macros.h"
@@ -89,7 +90,7 @@ absl::StatusOr<TpDecodeResult> RunTpDecode(const TpDecodeOptions& options, const
           ReadAdapterShard(store->BlobPath(rec.blob.hash), whole, spec, options.read_mode, &stats));
       result.adapter_bytes_read += stats.bytes_read;
       LORADB_ASSIGN_OR_RETURN(std::unique_ptr<TpAdapter> a,
-                              BuildTpAdapter(*m, std::move(shard), PeftConfigOf(rec.lora)));
+                              BuildTpAdapter(*m, std::move(shard), ToPeftConfig(rec.lora)));
       adapters.push_back(std::move(a));
     }
   }

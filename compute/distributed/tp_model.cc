@@ -74,17 +74,4 @@ absl::StatusOr<std::unique_ptr<TpAdapter>> BuildTpAdapter(const model::Qwen3Mode
   return std::make_unique<TpAdapter>(TpAdapter{std::move(shard), std::move(adapter)});
 }
 
-peft::LoraConfig PeftConfigOf(const LoraSettings& s) {
-  peft::LoraConfig c;
-  c.r = s.r;
-  c.lora_alpha = s.alpha;
-  c.use_rslora = s.use_rslora;
-  for (const auto& m : s.modules) {
-    if (m.r != 0) c.rank_pattern.emplace_back(m.pattern, m.r);
-    if (m.has_alpha) c.alpha_pattern.emplace_back(m.pattern, m.alpha);
-  }
-  c.target_modules = s.target_modules;
-  return c;
-}
-
 }  // namespace loradb::distributed

@@ -41,9 +41,6 @@ struct TpAdapter {
 [[nodiscard]] absl::StatusOr<std::unique_ptr<TpAdapter>> BuildTpAdapter(
     const model::Qwen3Model& local_model, TensorSet shard, const peft::LoraConfig& config);
 
-// The PEFT config a revision's LoRA settings stand for (what decides each module's scale).
-peft::LoraConfig PeftConfigOf(const LoraSettings& settings);
-
 }  // namespace loradb::distributed
 
 #endif  // LORADB_COMPUTE_DISTRIBUTED_TP_MODEL_H_

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "compute/trainer/tensor_io.h"
 #include "storage/formats/peft.h"
+#include "storage/store/lora_peft.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::trainer {
@@ -185,15 +186,7 @@ absl::Status SetReferenceFromRevision(const Store& store, Trainer* trainer, int 
                                                       pol.name, " on ", pol.base));
   }
   // The revision's scales as PEFT computes them (alpha / r or / sqrt(r), per-module patterns).
-  peft::LoraConfig config;
-  config.r = rev.lora.r;
-  config.lora_alpha = rev.lora.alpha;
-  config.use_rslora = rev.lora.use_rslora;
-  for (const ModuleLora& m : rev.lora.modules) {
-    if (m.r != 0) config.rank_pattern.emplace_back(m.pattern, m.r);
-    if (m.has_alpha) config.alpha_pattern.emplace_back(m.pattern, m.alpha);
-  }
-  config.target_modules = rev.lora.target_modules;
+  const peft::LoraConfig config = ToPeftConfig(rev.lora);
   LORADB_ASSIGN_OR_RETURN(TensorSet set, store.ReadTensors(rev));
   struct Pair {
     std::string key;

@@ -14,6 +14,7 @@
 #include "storage/formats/peft.h"
 #include "storage/formats/safetensors.h"
 #include "storage/store/adapter_blob.h"
+#include "storage/store/lora_peft.h"
 #include "storage/tiers/store_tiers.h"
 #include "storage/util/file_util.h"
 #include "storage/util/hash.h"
@@ -86,8 +87,23 @@ absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
   return max_r;
 }
 
-// The PEFT config equivalent of a revision's LoRA settings. Rank patterns come first in
-// `modules` (r != 0), alpha patterns after (has_alpha), each in their original order.
+constexpr char kPeftConfigKey[] = "loradb.peft_adapter_config";
+
+std::string CommonDType(const std::vector<TensorView>& tensors) {
+  std::string d;
+  for (const auto& t : tensors) {
+    const std::string name(DTypeName(t.dtype));
+    if (d.empty()) {
+      d = name;
+    } else if (d != name) {
+      return "mixed";
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
 peft::LoraConfig ToPeftConfig(const LoraSettings& s) {
   peft::LoraConfig c;
   c.r = s.r;
@@ -113,23 +129,6 @@ LoraSettings FromPeftConfig(const peft::LoraConfig& c) {
   s.target_modules = c.target_modules;
   return s;
 }
-
-constexpr char kPeftConfigKey[] = "loradb.peft_adapter_config";
-
-std::string CommonDType(const std::vector<TensorView>& tensors) {
-  std::string d;
-  for (const auto& t : tensors) {
-    const std::string name(DTypeName(t.dtype));
-    if (d.empty()) {
-      d = name;
-    } else if (d != name) {
-      return "mixed";
-    }
-  }
-  return d;
-}
-
-}  // namespace
 
 Store::Store(std::string dir, std::string blob_root, std::shared_ptr<Catalog> catalog)
     : dir_(std::move(dir)), blob_root_(std::move(blob_root)), catalog_(std::move(catalog)) {}
