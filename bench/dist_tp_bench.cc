@@ -46,18 +46,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
-
-double LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  double v = 0;
-  in >> v;
-  return v;
-}
-
 struct TpFlags {
   int64_t layers = 4, hidden = 512, sequences = 16, steps = 16, prompt_len = 16, rank = 16;
 };
@@ -142,15 +130,8 @@ absl::Status RunTp(const std::vector<std::string>& args) {
   if (!Env("LORADB_RANK").empty()) return RunTpRank(f);
   std::string why;
   if (!dist::C10dAvailable(&why)) return absl::UnimplementedError(why);
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("loradb-bench-tp-", getpid());
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  const ScopedBenchDir scoped_dir("loradb-bench-tp");
+  const fs::path& dir = scoped_dir.path();
   const ModelConfig config = BenchConfig(f);
   const std::string model = (dir / "base").string();
   LORADB_RETURN_IF_ERROR(model::WriteRandomCheckpoint(config, model, 7, at::kFloat));
@@ -198,7 +179,7 @@ absl::Status RunTp(const std::vector<std::string>& args) {
         absl::StrCat("LORADB_BENCH_MODEL=", model), absl::StrCat("LORADB_BENCH_STORE=", store_dir),
         absl::StrCat("LORADB_BENCH_REVISIONS=", absl::StrJoin(revisions, ",")),
         absl::StrCat("LORADB_BENCH_RESULT=", result), absl::StrCat("OMP_NUM_THREADS=", threads)};
-    const double load = LoadAverage();
+    const double load = LoadAverage1m();
     LORADB_RETURN_IF_ERROR(dist::LaunchRanks(lo).status());
     std::ifstream in(result);
     std::stringstream ss;
@@ -251,7 +232,8 @@ absl::Status RunTp(const std::vector<std::string>& args) {
         {"same_greedy_tokens", same_tokens},
         {"cores", cores}});
   EmitGoal("dist", "tp2_vs_best_tp1_decode_tokens_per_s", ratio,
-           ">= 1.6 (needs >= 2 idle cores; a loaded 2-core VM gives ~1 or less)", ratio >= 1.6);
+           ">= 1.6 (needs more cores than one rank can use: 0.4x on an idle 2-core VM)",
+           ratio >= 1.6);
   EmitGoal("dist", "tp2_logits_max_rel_err_vs_tp1", rel, "<= 1e-4", rel <= 1e-4);
   return absl::OkStatus();
 }
@@ -283,15 +265,8 @@ absl::Status RunTpLoad(const std::vector<std::string>& args) {
       return absl::InvalidArgumentError(absl::StrCat("dist tp-load: unknown flag ", a));
     }
   }
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("loradb-bench-tpload-", getpid());
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  const ScopedBenchDir scoped_dir("loradb-bench-tpload");
+  const fs::path& dir = scoped_dir.path();
 
   std::vector<LoadCase> cases;
   {
@@ -402,7 +377,7 @@ absl::Status RunTpLoad(const std::vector<std::string>& args) {
               {"cold_p50_ms", cold_p50[w]},
               {"warm_p50_ms", warm_p50[w]},
               {"trials", trials},
-              {"loadavg_1m", LoadAverage()}});
+              {"loadavg_1m", LoadAverage1m()}});
       }
       Emit({{"bench", "dist"},
             {"case", "tp-load"},
