@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
 #include <filesystem>
 #include <utility>
 #include <vector>
@@ -46,14 +47,18 @@ const char* HfDTypeName(at::ScalarType t) {
 }  // namespace
 
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir, uint64_t seed,
-                                   at::ScalarType dtype, double std) {
+                                   at::ScalarType dtype, double std, double lm_head_std) {
   LORADB_ASSIGN_OR_RETURN(DType st, StorageDType(dtype));
+  if (!(std > 0) || !(lm_head_std >= 0) || !std::isfinite(std) || !std::isfinite(lm_head_std)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("random checkpoint: bad init std ", std, " / lm_head std ", lm_head_std));
+  }
   const ModelConfig& c = config;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  auto normal = [&](const std::string& name, std::vector<int64_t> shape) {
+  auto normal = [&](const std::string& name, std::vector<int64_t> shape, double sd = 0) {
     at::Tensor t = at::empty(shape, at::kFloat);
-    t.normal_(0.0, std, gen);
+    t.normal_(0.0, sd > 0 ? sd : std, gen);
     tensors.emplace_back(name, t.to(dtype).contiguous());
   };
   auto norm = [&](const std::string& name, int64_t n) {
@@ -96,7 +101,7 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
     }
   }
   norm("model.norm.weight", h);
-  if (!c.tie_word_embeddings) normal("lm_head.weight", {c.vocab_size, h});
+  if (!c.tie_word_embeddings) normal("lm_head.weight", {c.vocab_size, h}, lm_head_std);
 
   std::vector<TensorView> views;
   views.reserve(tensors.size());

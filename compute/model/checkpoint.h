@@ -22,10 +22,13 @@ namespace loradb::model {
 // Writes `dir`/config.json and `dir`/model.safetensors for `config` with weights drawn from a
 // CPU generator seeded with `seed` (same seed, same bytes): linear and embedding weights
 // N(0, std^2), RMSNorm weights 1 + N(0, 0.1^2) so that a missing norm shows in an oracle test.
-// `dtype` is at::kFloat, at::kBFloat16 or at::kHalf. Creates `dir` if needed.
+// `dtype` is at::kFloat, at::kBFloat16 or at::kHalf. Creates `dir` if needed. `lm_head_std` > 0
+// draws the output layer from N(0, lm_head_std^2) instead (same draw order): with a small hidden
+// size, std 0.02 bounds every logit at ~0.02 * hidden, too flat a distribution to sample from;
+// 1/sqrt(hidden) gives logits of unit variance, a bound of ~sqrt(hidden).
 [[nodiscard]] absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                                  uint64_t seed, at::ScalarType dtype,
-                                                 double std = 0.02);
+                                                 double std = 0.02, double lm_head_std = 0);
 
 }  // namespace loradb::model
 

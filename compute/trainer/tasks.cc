@@ -1,5 +1,6 @@
 #include "compute/trainer/tasks.h"
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 
@@ -310,7 +311,26 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
       reports[i].mean_reward = mean / static_cast<double>(rewards.size());
       LORADB_ASSIGN_OR_RETURN(std::vector<float> adv,
                               GroupAdvantages(rewards, config.grpo_group, true));
+      const size_t group = static_cast<size_t>(config.grpo_group);
+      std::vector<bool> keep(mine.size(), true);
+      for (size_t start = 0; start < rewards.size(); start += group) {
+        const bool flat = std::all_of(rewards.begin() + static_cast<int64_t>(start),
+                                      rewards.begin() + static_cast<int64_t>(start + group),
+                                      [&](float r) { return r == rewards[start]; });
+        if (!flat) continue;
+        ++reports[i].skipped_groups;
+        std::fill(keep.begin() + static_cast<int64_t>(start),
+                  keep.begin() + static_cast<int64_t>(start + group), false);
+      }
+      const int64_t kept = static_cast<int64_t>(std::count(keep.begin(), keep.end(), true));
+      if (kept < config.micro_batches) {
+        // Every advantage is 0 (a zero-gradient step), or too few rows for the micro-batches:
+        // train on all rollouts, as without skipping.
+        keep.assign(keep.size(), true);
+        reports[i].skipped_groups = 0;
+      }
       for (size_t j = 0; j < mine.size(); ++j) {
+        if (!keep[j]) continue;
         Datum d = Completion(*their_prompt[j], mine[j]->tokens);
         d.sampling_logprobs.assign(d.weights.size(), 0.0f);
         const size_t start = their_prompt[j]->size() - 1;

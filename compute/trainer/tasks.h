@@ -70,7 +70,12 @@ struct StepReport {
   double grad_norm = 0;
   double lr = 0;
   double mean_reward = 0;  // GRPO: mean reward of this step's rollouts
-  std::string rollouts;    // GRPO: the step's rollout records (prompt|completion|reward lines)
+  // GRPO: groups whose rollouts all earned the same reward carry no advantage; they are left out
+  // of the loss (and of its token count). When that would leave no rollout (or fewer than the
+  // micro-batches), none is skipped: with every advantage 0 the step has zero gradient, and the
+  // step count still advances.
+  int64_t skipped_groups = 0;
+  std::string rollouts;  // GRPO: the step's rollout records (prompt|completion|reward lines)
   // Wall time of the step's phases (shared by every policy of one TrainStep call).
   double sample_s = 0;
   double forward_backward_s = 0;
