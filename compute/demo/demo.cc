@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -46,15 +47,18 @@ struct PolicyPlan {
   int64_t sft_warm_steps;  // GRPO: SFT steps on the task's data first (a warm start)
   int64_t steps;           // steps with the task's own loss
   int64_t early_promote;   // optimizer step at which a first revision goes to `serving`
+  double lr;               // AdamW learning rate (constant)
 };
 
 std::vector<PolicyPlan> Plans(bool quick) {
   const int64_t q = quick ? 4 : 1;
   return {
-      {"acme/lookup-a", "mapping", 11, 0, 60 / q, 10 / q},
-      {"acme/lookup-b", "mapping", 22, 0, 60 / q, 10 / q},
-      {"acme/tone", "preference", 33, 0, 30 / q, 6 / q},
-      {"acme/math", "arithmetic", 44, 15 / q, 40 / q, 15 / q},
+      {"acme/lookup-a", "mapping", 11, 0, 60 / q, 10 / q, 1e-2},
+      {"acme/lookup-b", "mapping", 22, 0, 60 / q, 10 / q, 1e-2},
+      {"acme/tone", "preference", 33, 0, 30 / q, 6 / q, 1e-2},
+      // GRPO at a lower rate: at 1e-2 its updates overshoot (the sampled reward rises less and
+      // falls back on longer runs).
+      {"acme/math", "arithmetic", 44, 15 / q, 40 / q, 15 / q, 3e-3},
   };
 }
 
@@ -230,8 +234,12 @@ absl::StatusOr<DemoResult> RunDemo(const DemoOptions& options) {
   say(absl::StrCat("[1/6] generating a tiny Qwen3 base (", config.num_hidden_layers,
                    " layers, hidden ", config.hidden_size, ", vocab ", config.vocab_size, ") in ",
                    result.model_dir));
+  // The output layer at N(0, 1/hidden) (logits of unit variance): with 0.02 like the other
+  // linears, hidden 128 bounds every logit at ~2.6, no policy can become confident, and GRPO's
+  // rollouts at temperature 1 never find the reward.
   LORADB_RETURN_IF_ERROR(
-      model::WriteRandomCheckpoint(config, result.model_dir, options.seed + 7, at::kFloat));
+      model::WriteRandomCheckpoint(config, result.model_dir, options.seed + 7, at::kFloat, 0.02,
+                                   1.0 / std::sqrt(static_cast<double>(config.hidden_size))));
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(store_dir));
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<model::Qwen3Model> model,
                           model::Qwen3Model::Load(result.model_dir));
@@ -258,7 +266,7 @@ absl::StatusOr<DemoResult> RunDemo(const DemoOptions& options) {
     po.seed = options.seed + 100 + i;
     po.lora.rank = 8;
     po.lora.alpha = 16;
-    po.schedule.lr = 1e-2;
+    po.schedule.lr = plans[i].lr;
     LORADB_ASSIGN_OR_RETURN(int idx, trainer.AddPolicy(po));
     index.push_back(idx);
     LORADB_ASSIGN_OR_RETURN(
@@ -297,7 +305,24 @@ absl::StatusOr<DemoResult> RunDemo(const DemoOptions& options) {
   own_cfg.grpo_group = 8;
   int64_t rounds = 0;
   for (const auto& p : plans) rounds = std::max(rounds, p.sft_warm_steps + p.steps);
+  // GRPO policies: the mean reward of their rollouts at the training temperature, on fixed
+  // prompts and seeds, when the warm start ends and after the GRPO steps (what GRPO raises).
+  auto sampled_reward = [&](size_t i) {
+    return trainer::SampledMeanReward(&trainer, *tasks[i], index[i], own_cfg.temperature, 100, 8,
+                                      options.seed + 555);
+  };
   for (int64_t round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < plans.size(); ++i) {
+      if (tasks[i]->loss() != trainer::LossKind::kGrpo || round != plans[i].sft_warm_steps) {
+        continue;
+      }
+      LORADB_ASSIGN_OR_RETURN(result.policies[i].sampled_reward_warm, sampled_reward(i));
+      say(
+          absl::StrFormat("      %-14s after %d SFT warm-start steps: sampled reward %.3f "
+                          "(T=%.1f, 100 prompts x 8)",
+                          plans[i].name, plans[i].sft_warm_steps,
+                          result.policies[i].sampled_reward_warm, own_cfg.temperature));
+    }
     // Policies in their warm start step together (SFT), the others together with their own
     // losses: one shared forward/backward per group, every policy advancing one step a round.
     std::vector<std::pair<int, const trainer::Task*>> warm, own;
@@ -345,7 +370,14 @@ absl::StatusOr<DemoResult> RunDemo(const DemoOptions& options) {
       }
     }
   }
-  for (size_t i = 0; i < plans.size(); ++i) result.policies[i].steps = trainer.step(index[i]);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    result.policies[i].steps = trainer.step(index[i]);
+    if (tasks[i]->loss() != trainer::LossKind::kGrpo) continue;
+    LORADB_ASSIGN_OR_RETURN(result.policies[i].sampled_reward_end, sampled_reward(i));
+    say(absl::StrFormat("      %-14s after %d GRPO steps: sampled reward %.3f (was %.3f)",
+                        plans[i].name, plans[i].steps, result.policies[i].sampled_reward_end,
+                        result.policies[i].sampled_reward_warm));
+  }
   clock.Stop();
 
   // ---- 3. serve a mixed batch: all policies (alias `serving`) + the base, one decoder
@@ -434,6 +466,13 @@ std::string DemoResult::Summary() const {
     absl::StrAppendFormat(&s, "%-14s %-10s %-4s %5d %5d %5d %8d %7.2f %6.2f\n", p.policy, p.task,
                           p.loss, p.steps, p.checkpoints, p.revisions, p.serving_revision,
                           p.served_score, p.base_score);
+  }
+  for (const auto& p : policies) {
+    if (p.sampled_reward_warm < 0 || p.sampled_reward_end < 0) continue;
+    absl::StrAppendFormat(&s,
+                          "%s: sampled reward %.3f after the SFT warm start -> %.3f after GRPO "
+                          "(100 prompts x 8 rollouts)\n",
+                          p.policy, p.sampled_reward_warm, p.sampled_reward_end);
   }
   absl::StrAppendFormat(&s, "\nrollback: %s:serving %d -> %d, served accuracy %.2f -> %.2f\n",
                         rollback_policy, rollback_from, rollback_to, score_before_rollback,

@@ -50,6 +50,10 @@ struct PolicyOutcome {
   // fraction of (chosen, rejected) token pairs the served logits rank the right way round.
   double served_score = 0;
   double base_score = 0;  // the same prompts served by the base without adapter
+  // GRPO only (-1 otherwise): the mean reward of rollouts sampled at the training temperature
+  // (100 prompts x 8, fixed seed) when the SFT warm start ends and after the GRPO steps.
+  double sampled_reward_warm = -1;
+  double sampled_reward_end = -1;
 };
 
 struct PhaseTime {
