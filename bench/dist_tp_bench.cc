@@ -10,6 +10,11 @@
 //   and a pre-sliced derived blob per TP degree (built once, then read
 //   verified). Bytes read and ms, cold (page cache dropped for the files with
 //   posix_fadvise) and warm.
+// - tp-tiers: the same choice inside the residency tiers (StoreTiers placed for
+//   TP rank 0 of 2): the CPU tier holding whole revisions that the device slots
+//   slice, vs the CPU tier holding the rank's derived blob; cold (fresh tiers,
+//   page cache dropped) and CPU-warm (slot evicted, CPU copy resident)
+//   AcquireBatch ms, slot and CPU bytes, against TP 1.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -39,6 +44,7 @@
 #include "storage/formats/blob.h"
 #include "storage/formats/synthetic.h"
 #include "storage/store/store.h"
+#include "storage/tiers/store_tiers.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::bench {
@@ -109,7 +115,8 @@ absl::Status WriteResult(const distributed::TpDecodeResult& r, int degree) {
                       {"decode_tokens", r.decode_tokens},
                       {"prefill_ms", r.prefill_ms},
                       {"load_ms", r.load_ms},
-                      {"adapter_bytes_read", r.adapter_bytes_read},
+                      {"adapter_slot_bytes", r.adapter_slot_bytes},
+                      {"adapter_whole_bytes", r.adapter_whole_bytes},
                       {"tokens", r.tokens},
                       {"logits", r.logits}};
   std::ofstream out(Env("LORADB_BENCH_RESULT"));
@@ -203,7 +210,8 @@ absl::Status RunTp(const std::vector<std::string>& args) {
           {"decode_ms", ms},
           {"decode_tokens_per_s", tok_s},
           {"prefill_ms", r["prefill_ms"]},
-          {"adapter_bytes_read_rank0", r["adapter_bytes_read"]},
+          {"adapter_slot_bytes_rank0", r["adapter_slot_bytes"]},
+          {"adapter_whole_bytes", r["adapter_whole_bytes"]},
           {"loadavg_1m", load}});
     results.push_back(std::move(r));
   }
@@ -397,6 +405,129 @@ LORADB_REGISTER_DIST_CASE({"tp-load",
                            "one TP rank's adapter shard: slice at load (whole / partial) vs a "
                            "derived pre-sliced blob; bytes read and ms [--trials=N]",
                            RunTpLoad});
+
+// ---- tp-tiers ----
+
+absl::Status RunTpTiers(const std::vector<std::string>& args) {
+  int64_t trials = 3, rank = 16;
+  for (const std::string& a : args) {
+    if (a.rfind("--trials=", 0) == 0 && absl::SimpleAtoi(a.substr(9), &trials) && trials >= 1) {
+      continue;
+    }
+    if (a.rfind("--rank=", 0) == 0 && absl::SimpleAtoi(a.substr(7), &rank) && rank >= 1) continue;
+    return absl::InvalidArgumentError(absl::StrCat("dist tp-tiers: unknown flag ", a));
+  }
+  const ScopedBenchDir scoped_dir("loradb-bench-tptiers");
+  const fs::path& dir = scoped_dir.path();
+  // The Qwen3-4B-shaped dense adapter of tp-load (fp32), published into a store.
+  ModelConfig config;
+  config.model_type = "qwen3";
+  config.vocab_size = 151936;
+  config.hidden_size = 2560;
+  config.intermediate_size = 9728;
+  config.num_hidden_layers = 36;
+  config.num_attention_heads = 32;
+  config.num_key_value_heads = 8;
+  config.head_dim = 128;
+  config.max_position_embeddings = 4096;
+  LORADB_ASSIGN_OR_RETURN(TensorSet adapter,
+                          distributed::MakeRandomLoraTensors(config, rank, 1, 0.02));
+  nlohmann::json modules = nlohmann::json::array();
+  for (const ModuleShape& m : config.LoraModules()) {
+    if (m.name.find("_proj") == std::string::npos) continue;
+    modules.push_back({{"name", m.name}, {"in", m.in}, {"out", m.out}});
+  }
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open((dir / "store").string()));
+  LORADB_RETURN_IF_ERROR(
+      store->AddBaseFromModuleTable("qwen3-4b", nlohmann::json{{"modules", modules}}.dump())
+          .status());
+  PublishOptions po;
+  po.create_policy_base = "qwen3-4b";
+  po.lora.r = static_cast<int32_t>(rank);
+  po.lora.alpha = static_cast<float>(2 * rank);
+  LORADB_ASSIGN_OR_RETURN(RevisionRecord rev,
+                          store->PublishTensors("bench/tp", adapter.tensors(), po));
+  const std::string blob = store->BlobPath(rev.blob.hash);
+  const std::string derived_dir = (dir / "derived").string();
+  const tiers::TpShardSpec tp2{0, 2};
+  const std::string derived = tiers::DerivedShardPath(derived_dir, rev.blob.hash, tp2);
+
+  struct Mode {
+    const char* name;
+    tiers::TpShardSpec tp;
+    std::string derived_dir;
+    std::string file;  // dropped from the page cache before a cold acquire
+  };
+  const std::vector<Mode> modes = {
+      {"tp1_whole", {0, 1}, "", blob},
+      {"tp2_cpu_whole_slots_slice", tp2, "", blob},
+      {"tp2_cpu_derived_blob", tp2, derived_dir, derived},
+  };
+  std::vector<double> cold_p50(modes.size()), warm_p50(modes.size());
+  std::vector<uint64_t> slot_bytes(modes.size());
+  for (size_t m = 0; m < modes.size(); ++m) {
+    tiers::StoreTiersOptions o;
+    o.device = tiers::DeviceKind::kHost;
+    o.slots.tp = modes[m].tp;
+    o.slots.arena_bytes = tiers::AlignUp(rev.blob.bytes * 5 / 4 + (8 << 20), 64 << 10);
+    o.tp_derived_dir = modes[m].derived_dir;
+    double build_ms = 0;
+    if (!modes[m].derived_dir.empty()) {  // the first acquire at this placement builds the blob
+      DropCache(blob);
+      LORADB_ASSIGN_OR_RETURN(std::unique_ptr<tiers::StoreTiers> t,
+                              tiers::StoreTiers::Open(store.get(), o));
+      const double t0 = NowSeconds();
+      LORADB_RETURN_IF_ERROR(t->device()->AcquireBatch(std::vector<uint64_t>{rev.id}).status());
+      build_ms = 1000 * (NowSeconds() - t0);
+    }
+    std::vector<double> cold, warm;
+    uint64_t cpu_bytes = 0;
+    for (int64_t trial = 0; trial < trials; ++trial) {
+      LORADB_ASSIGN_OR_RETURN(std::unique_ptr<tiers::StoreTiers> t,
+                              tiers::StoreTiers::Open(store.get(), o));
+      DropCache(modes[m].file);
+      double t0 = NowSeconds();
+      {
+        LORADB_ASSIGN_OR_RETURN(tiers::DeviceBatchLease lease,
+                                t->device()->AcquireBatch(std::vector<uint64_t>{rev.id}));
+        cold.push_back(1000 * (NowSeconds() - t0));
+        slot_bytes[m] = lease.Find(rev.id)->bytes;
+      }
+      LORADB_RETURN_IF_ERROR(t->device()->Evict(rev.id));
+      t0 = NowSeconds();
+      LORADB_RETURN_IF_ERROR(t->device()->AcquireBatch(std::vector<uint64_t>{rev.id}).status());
+      warm.push_back(1000 * (NowSeconds() - t0));
+      cpu_bytes = t->cpu().stats().resident_bytes;
+    }
+    cold_p50[m] = Quantile(cold, 0.5);
+    warm_p50[m] = Quantile(warm, 0.5);
+    Emit({{"bench", "dist"},
+          {"case", "tp-tiers"},
+          {"mode", modes[m].name},
+          {"tp", modes[m].tp.degree},
+          {"whole_blob_bytes", rev.blob.bytes},
+          {"cpu_bytes", cpu_bytes},
+          {"slot_bytes", slot_bytes[m]},
+          {"cold_acquire_p50_ms", cold_p50[m]},
+          {"cpu_warm_acquire_p50_ms", warm_p50[m]},
+          {"derived_build_acquire_ms", build_ms},
+          {"trials", trials},
+          {"loadavg_1m", LoadAverage1m()}});
+  }
+  const double slot_ratio = static_cast<double>(slot_bytes[1]) / static_cast<double>(slot_bytes[0]);
+  EmitGoal("dist", "tp2_vs_tp1_slot_bytes", slot_ratio,
+           "< 0.75 (a TP 2 slot holds half of every split factor)", slot_ratio < 0.75);
+  EmitGoal("dist", "tp2_tiers_derived_vs_whole_cold_acquire_ms", cold_p50[2] / cold_p50[1],
+           "< 1 (the CPU tier holding the derived blob acquires faster cold)",
+           cold_p50[2] < cold_p50[1]);
+  return absl::OkStatus();
+}
+
+LORADB_REGISTER_DIST_CASE({"tp-tiers",
+                           "one TP rank's device tier: CPU holds whole revisions (slots slice) "
+                           "vs the rank's derived blob; cold / CPU-warm acquire ms, slot bytes "
+                           "[--trials=N] [--rank=N]",
+                           RunTpTiers});
 
 }  // namespace
 }  // namespace loradb::bench

@@ -93,7 +93,7 @@ struct DecoderOptions {
   // The tiers the decoder creates for itself when none are given to Create.
   uint64_t cpu_cache_bytes = uint64_t{1} << 30;
   // Default arena 256 MiB (the host backend pre-faults it).
-  tiers::DeviceSlotsOptions device = {uint64_t{256} << 20, 64 << 10, 2 << 20};
+  tiers::DeviceSlotsOptions device = {uint64_t{256} << 20, 64 << 10, 2 << 20, {}};
 };
 
 struct DecoderStats {

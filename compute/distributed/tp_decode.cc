@@ -14,6 +14,7 @@
 #include "storage/store/lora_peft.h"
 #include "storage/store/store.h"
 #include "storage/tiers/host_buffer.h"
+#include "storage/tiers/store_tiers.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::distributed {
@@ -77,21 +78,47 @@ absl::StatusOr<TpDecodeResult> RunTpDecode(const TpDecodeOptions& options, const
   m->set_partial_sum_reducer(reducer);
   result.local_heads = m->config().num_attention_heads;
 
-  std::vector<std::unique_ptr<TpAdapter>> adapters;
+  // The adapters: one batch lease on this rank's device tier, placed for this rank (declared
+  // before the adapters that read the slots' memory, so it is released after them).
+  std::unique_ptr<Store> store;
+  std::unique_ptr<tiers::StoreTiers> tiers;
+  tiers::DeviceBatchLease lease;
+  std::vector<std::unique_ptr<model::LoraAdapter>> adapters;
   if (!options.revisions.empty()) {
     StoreOptions so;
     so.create_if_missing = false;
-    LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(options.store_dir, so));
+    LORADB_ASSIGN_OR_RETURN(store, Store::Open(options.store_dir, so));
+    std::vector<RevisionRecord> records;
     for (uint64_t id : options.revisions) {
       LORADB_ASSIGN_OR_RETURN(RevisionRecord rec, store->GetRevision(id));
-      ShardReadStats stats;
+      result.adapter_whole_bytes += rec.blob.bytes;
+      records.push_back(std::move(rec));
+    }
+    tiers::StoreTiersOptions to;
+    to.device = options.device.is_cuda() ? tiers::DeviceKind::kCuda : tiers::DeviceKind::kHost;
+    to.cuda_device = options.device.is_cuda() ? options.device.index() : 0;
+    to.slots.tp = spec;
+    to.tp_derived_dir = options.derived_dir;
+    // Room for every whole revision (a shard is smaller) plus page rounding per chunk.
+    to.slots.page_bytes = 64 << 10;
+    to.slots.arena_bytes =
+        tiers::AlignUp(result.adapter_whole_bytes + result.adapter_whole_bytes / 16 +
+                           (uint64_t{1} << 20) * (options.revisions.size() + 1),
+                       to.slots.page_bytes);
+    LORADB_ASSIGN_OR_RETURN(tiers, tiers::StoreTiers::Open(store.get(), to));
+    LORADB_ASSIGN_OR_RETURN(lease, tiers->device()->AcquireBatch(options.revisions));
+    const at::Device slot_device =
+        tiers->device()->backend().is_device() ? options.device : at::Device(at::kCPU);
+    for (const RevisionRecord& rec : records) {
+      const tiers::DeviceAdapter* slot = lease.Find(rec.id);
+      if (slot == nullptr) {
+        return absl::InternalError(absl::StrCat("revision ", rec.id, " is not in the lease"));
+      }
+      result.adapter_slot_bytes += slot->bytes;
       LORADB_ASSIGN_OR_RETURN(
-          TensorSet shard,
-          ReadAdapterShard(store->BlobPath(rec.blob.hash), whole, spec, options.read_mode, &stats));
-      result.adapter_bytes_read += stats.bytes_read;
-      LORADB_ASSIGN_OR_RETURN(std::unique_ptr<TpAdapter> a,
-                              BuildTpAdapter(*m, std::move(shard), ToPeftConfig(rec.lora)));
-      adapters.push_back(std::move(a));
+          model::LoraAdapter a,
+          BuildTpAdapterFromSlot(*m, *slot, spec, ToPeftConfig(rec.lora), slot_device));
+      adapters.push_back(std::make_unique<model::LoraAdapter>(std::move(a)));
     }
   }
   result.load_ms = MsSince(t_load);
@@ -100,7 +127,7 @@ absl::StatusOr<TpDecodeResult> RunTpDecode(const TpDecodeOptions& options, const
     const int64_t n = options.sequences, vocab = whole.vocab_size;
     const auto num_adapters = static_cast<int64_t>(adapters.size());
     model::LoraBatch lora;
-    for (const auto& a : adapters) lora.adapters.push_back(&a->adapter);
+    for (const auto& a : adapters) lora.adapters.push_back(a.get());
     std::vector<int32_t> seq_slot(static_cast<size_t>(n));
     for (int64_t s = 0; s < n; ++s) {
       const int64_t k = s % (num_adapters + 1);

@@ -1,7 +1,9 @@
 // A tensor-parallel greedy decode over a mixed-adapter batch: what the TP tests and
-// `loradb-bench dist-tp` run on every rank of a TP group (issue 11). Each rank loads its slice
-// of the base (LoadTpModel) and of each revision's adapter straight from the revision's whole
-// blob in the store (ReadAdapterShard: slice at load), then runs one prefill and `steps` decode
+// `loradb-bench dist tp` run on every rank of a TP group (issue 11). Each rank loads its slice
+// of the base (LoadTpModel) and acquires its shard of every revision's adapter through the
+// store's residency tiers placed for its rank (StoreTiers with DeviceSlotsOptions::tp: the CPU
+// tier holds the whole revision, or the rank's derived blob with `derived_dir`; the device slots
+// hold only the rank's shard), then runs one prefill and `steps` decode
 // forwards over `sequences` sequences whose adapters cycle through the revisions and the base
 // (mixed in every batch). With a reducer the ranks' row-parallel outputs are summed after
 // o_proj and down_proj; every rank then holds the same logits and picks the same tokens.
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "compute/distributed/tp_load.h"
 #include "compute/distributed/tp_shard.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/formats/model_config.h"
@@ -30,7 +31,10 @@ struct TpDecodeOptions {
   int64_t prompt_len = 8;
   int64_t steps = 8;  // decode forwards after the prefill
   uint64_t seed = 1;  // prompt token ids
-  ShardReadMode read_mode = ShardReadMode::kPartial;
+  // Empty: the CPU tier holds whole revisions and the device slots slice them at copy. Set: the
+  // CPU tier holds each revision's pre-sliced derived blob for this rank, built here on first use
+  // (StoreTiersOptions::tp_derived_dir).
+  std::string derived_dir;
   bool record_logits = true;
   at::Device device = at::kCPU;  // where the rank's model runs (CUDA for NCCL)
 };
@@ -45,8 +49,9 @@ struct TpDecodeResult {
   double prefill_ms = 0;  // the prefill forward
   double decode_ms = 0;   // all decode forwards (argmax included)
   int64_t decode_tokens = 0;
-  uint64_t adapter_bytes_read = 0;
-  int64_t local_heads = 0;  // attention heads this rank computes
+  uint64_t adapter_slot_bytes = 0;   // bytes of this rank's adapter shards in its device slots
+  uint64_t adapter_whole_bytes = 0;  // the revisions' whole blobs, for comparison
+  int64_t local_heads = 0;           // attention heads this rank computes
 };
 
 // Runs the decode on rank `spec.rank`. `reducer` sums across the group (null only for degree 1;

@@ -1,4 +1,5 @@
-// Loading one TP rank's shard of an adapter revision from storage (issue 11). Two ways:
+// Loading one TP rank's shard of an adapter revision from storage (issue 11), with the model
+// config's checks (TpLocalConfig) on top of storage/tiers/tp_shard_load.h. Two ways:
 // - slice at load: the revision's blob is stored whole; the rank reads it and keeps its slice.
 //   ReadAdapterShard does that either by reading the whole blob (every stored tensor's xxh3-64
 //   verified, then sliced in memory) or by reading only the header and the byte ranges of its
@@ -19,22 +20,14 @@
 #include "compute/distributed/tp_shard.h"
 #include "storage/formats/model_config.h"
 #include "storage/formats/tensor.h"
+#include "storage/tiers/tp_shard_load.h"
 #include "storage/util/hash.h"
 
 namespace loradb::distributed {
 
-enum class ShardReadMode : uint8_t {
-  kWholeVerified = 0,  // read the whole blob, verify every tensor, slice in memory
-  kPartial,            // read the header and the slice's byte ranges only
-};
-
-// What one shard load cost.
-struct ShardReadStats {
-  uint64_t bytes_read = 0;  // bytes of files read (a verified mapped file counts whole)
-  uint64_t reads = 0;       // pread calls (or files mapped)
-  bool verified = false;    // every returned byte checked against a stored checksum
-  bool from_derived = false;
-};
+using tiers::DerivedShardPath;
+using tiers::ShardReadMode;
+using tiers::ShardReadStats;
 
 // Reads `spec`'s slice of the adapter blob at `blob_path` (original, PEFT tensor names; MoE
 // packed groups come back as per-expert views into the sliced packed tensor). Errors: the
@@ -45,10 +38,6 @@ struct ShardReadStats {
                                                          const TpShardSpec& spec,
                                                          ShardReadMode mode,
                                                          ShardReadStats* stats = nullptr);
-
-// `cache_dir`/tp<degree>/<source hex>.r<rank>.blob.
-std::string DerivedShardPath(const std::string& cache_dir, const Hash128& source,
-                             const TpShardSpec& spec);
 
 // The derived-blob path: reads the pre-sliced blob of (`source`, `spec`) from `cache_dir` when
 // present (verified), else reads `blob_path` whole (verified), slices it, writes the derived blob

@@ -18,6 +18,7 @@
 #include "storage/catalog/records.h"
 #include "storage/formats/peft.h"
 #include "storage/formats/tensor.h"
+#include "storage/tiers/device_slots.h"
 
 namespace loradb::distributed {
 
@@ -40,6 +41,15 @@ struct TpAdapter {
 // degree); Unimplemented for embedding LoRA.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<TpAdapter>> BuildTpAdapter(
     const model::Qwen3Model& local_model, TensorSet shard, const peft::LoraConfig& config);
+
+// The same over a rank's shard resident in a TP-placed device tier (tiers::DeviceSlotsOptions::tp
+// = this rank): the factors are read from the slot's memory, on `slot_device` (at::kCPU for the
+// host backend, the CUDA device of the arena otherwise); the lease holding `slot` must outlive
+// the adapter. Errors as BuildTpAdapter's, plus FailedPrecondition when the slot was sliced for
+// another placement than `spec`.
+[[nodiscard]] absl::StatusOr<model::LoraAdapter> BuildTpAdapterFromSlot(
+    const model::Qwen3Model& local_model, const tiers::DeviceAdapter& slot, const TpShardSpec& spec,
+    const peft::LoraConfig& config, at::Device slot_device);
 
 }  // namespace loradb::distributed
 

@@ -547,6 +547,8 @@ absl::StatusOr<Located> Store::Locate(const std::string& policy, const std::stri
     const tiers::TierPlace p = tiers_->Where(out.revision.id);
     out.location.tier = p.tier;
     out.location.slot = p.slot;
+    out.location.device_bytes = p.device_bytes;
+    out.location.tp = p.tp;
   }
   return out;
 }

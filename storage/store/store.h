@@ -53,6 +53,10 @@ struct Location {
   Hash128 hash;
   uint64_t bytes = 0;
   std::optional<uint32_t> slot;  // the device slot when tier == kGpu
+  // When tier == kGpu: the bytes the slot holds, and the device tier's tensor-parallel placement
+  // (degree > 1: the slot holds only rank tp.rank's shard; tiers::DeviceSlotsOptions::tp).
+  uint64_t device_bytes = 0;
+  tiers::TpShardSpec tp;
 };
 
 // Store::Locate's four answers.

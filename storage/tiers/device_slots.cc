@@ -58,6 +58,9 @@ absl::StatusOr<std::unique_ptr<DeviceSlots>> DeviceSlots::Create(
   if (options.max_chunk_bytes == 0) {
     return absl::InvalidArgumentError("device max_chunk_bytes is zero");
   }
+  if (absl::Status tp = ValidateTpShard(options.tp); !tp.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("device TP placement: ", tp.message()));
+  }
   std::unique_ptr<DeviceSlots> slots(new DeviceSlots(options, cache, std::move(backend)));
   slots->total_pages_ = options.arena_bytes / options.page_bytes;
   auto arena = slots->backend_->AllocateArena(slots->total_pages_ * options.page_bytes);
@@ -226,10 +229,26 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
     }
     cpu.push_back(*std::move(lease));
   }
+  // Under a TP placement the slots hold the rank's shard: slice each host copy (kept alive in
+  // `shards` until the copy is done) unless it already is that shard.
+  std::vector<TensorSet> shards(cpu.size());
+  std::vector<const TensorSet*> hosts;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    absl::StatusOr<const TensorSet*> host =
+        AdapterShardFor(cpu[i].tensors(), options_.tp, &shards[i]);
+    if (!host.ok()) {
+      MutexLock lock(&mu_);
+      unpin_all();
+      return absl::Status(host.status().code(),
+                          absl::StrCat("revision ", missing[i], " on TP rank ", options_.tp.rank,
+                                       " of ", options_.tp.degree, ": ", host.status().message()));
+    }
+    hosts.push_back(*host);
+  }
   std::vector<std::vector<Chunk>> plans;
   std::vector<uint64_t> plan_pages;
-  for (const CpuLease& l : cpu) {
-    plans.push_back(PlanChunks(l.tensors()));
+  for (const TensorSet* h : hosts) {
+    plans.push_back(PlanChunks(*h));
     uint64_t pages = 0;
     for (const Chunk& c : plans.back()) pages += PagesFor(c.span);
     plan_pages.push_back(pages);
@@ -264,9 +283,10 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
                        total_pages_ - leased_pages, " of ", total_pages_, " pages are not leased"));
     }
     for (size_t i : to_create) {
-      const TensorSet& host = cpu[i].tensors();
+      const TensorSet& host = *hosts[i];
       auto adapter = std::make_shared<DeviceAdapter>();
       adapter->revision = missing[i];
+      adapter->tp = options_.tp;
       adapter->metadata = host.metadata();
       adapter->tensors.resize(host.tensors().size());
       for (size_t t = 0; t < host.tensors().size(); ++t) {
@@ -392,7 +412,9 @@ DeviceResidency DeviceSlots::Find(uint64_t revision) const {
     r.resident = true;
     r.slot = it->second.adapter->slot;
     r.leases = it->second.leases;
+    r.bytes = it->second.adapter->bytes;
   }
+  r.tp = options_.tp;
   return r;
 }
 

@@ -28,6 +28,7 @@
 #include "storage/tiers/device_backend.h"
 #include "storage/tiers/latency_histogram.h"
 #include "storage/tiers/sync.h"
+#include "storage/tiers/tp_shard.h"
 
 namespace loradb::tiers {
 
@@ -38,6 +39,12 @@ struct DeviceSlotsOptions {
   // Tensors are grouped into chunks spanning at most this many host bytes (a tensor larger
   // than this is a chunk of its own).
   uint64_t max_chunk_bytes = 2 << 20;
+  // Tensor-parallel placement of this device: rank `tp.rank` of a TP group of `tp.degree` ranks.
+  // With degree > 1 every slot holds only the rank's shard of its adapter (tp_shard.h's rules:
+  // B of q/k/v/gate/up by output rows, A of o/down by input columns, the other factor whole; MoE
+  // experts likewise), sliced on the host from the CPU tier's copy (or taken as is when that
+  // copy already is this rank's shard, a derived blob); pages and stats count shard bytes.
+  TpShardSpec tp;
 };
 
 // One tensor of a slotted adapter. `data` is a device pointer (host pointer with the host
@@ -57,8 +64,9 @@ struct DeviceAdapter {
   uint32_t slot = 0;
   std::vector<DeviceTensor> tensors;
   std::map<std::string, std::string> metadata;
-  uint64_t bytes = 0;  // payload bytes copied
+  uint64_t bytes = 0;  // payload bytes copied (the shard's under a TP placement)
   uint64_t pages = 0;  // pages held
+  TpShardSpec tp;      // the placement its tensors were sliced for ({0, 1}: whole)
 
   // nullptr if absent.
   const DeviceTensor* Find(absl::string_view name) const;
@@ -118,11 +126,14 @@ struct DeviceResidency {
   bool resident = false;
   uint32_t slot = 0;
   int leases = 0;
+  uint64_t bytes = 0;  // payload bytes in the arena (the rank's shard under a TP placement)
+  TpShardSpec tp;      // the slots' placement
 };
 
 class DeviceSlots {
  public:
-  // `cache` (not owned) must outlive this. InvalidArgument on bad options; the backend's error
+  // `cache` (not owned) must outlive this. InvalidArgument on bad options (a TP placement with
+  // rank outside [0, degree) included); the backend's error
   // when the arena cannot be allocated.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DeviceSlots>> Create(
       DeviceSlotsOptions options, CpuCache* cache, std::unique_ptr<DeviceBackend> backend);
@@ -134,7 +145,9 @@ class DeviceSlots {
   // cache (all at once, decode priority), evicts unleased adapters LRU to make room, copies.
   // Errors (nothing stays pinned): the CPU cache's error for a revision, naming it;
   // ResourceExhausted when the batch cannot fit beside the adapters other leases pin
-  // (naming pages needed and available); InvalidArgument for an empty batch.
+  // (naming pages needed and available); InvalidArgument for an empty batch, or (naming the
+  // revision and tensor) when a split dimension is not divisible by the TP degree;
+  // FailedPrecondition when the CPU tier holds a shard of another TP placement.
   [[nodiscard]] absl::StatusOr<DeviceBatchLease> AcquireBatch(std::span<const uint64_t> revisions);
 
   // Drops an unleased adapter. NotFound if absent; FailedPrecondition if leased or copying.

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/formats/blob.h"
+#include "storage/tiers/tp_shard_load.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::tiers {
@@ -11,6 +12,8 @@ absl::StatusOr<std::unique_ptr<StoreTiers>> StoreTiers::Open(Store* store,
   if (store == nullptr) return absl::InvalidArgumentError("StoreTiers needs a store");
   std::unique_ptr<StoreTiers> t(new StoreTiers());
   t->store_ = store;
+  t->tp_ = options.slots.tp;
+  t->tp_derived_dir_ = options.tp_derived_dir;
   LORADB_ASSIGN_OR_RETURN(t->loader_, Loader::Create(options.loader));
   StoreTiers* self = t.get();
   LORADB_ASSIGN_OR_RETURN(t->cpu_, CpuCache::Create(options.cpu, [self](uint64_t id) {
@@ -24,11 +27,11 @@ absl::StatusOr<std::unique_ptr<StoreTiers>> StoreTiers::Open(Store* store,
       backend = MakeHostBackend();
       break;
     case DeviceKind::kCuda: {
-      LORADB_ASSIGN_OR_RETURN(backend, MakeCudaBackend(0));
+      LORADB_ASSIGN_OR_RETURN(backend, MakeCudaBackend(options.cuda_device));
       break;
     }
     case DeviceKind::kAuto: {
-      auto cuda = MakeCudaBackend(0);
+      auto cuda = MakeCudaBackend(options.cuda_device);
       backend = cuda.ok() ? std::move(*cuda) : MakeHostBackend();
       break;
     }
@@ -46,25 +49,34 @@ absl::StatusOr<std::shared_ptr<const CachedAdapter>> StoreTiers::LoadRevision(ui
     return absl::NotFoundError(absl::StrCat("revision ", id, " is not live"));
   }
   const std::string path = store_->BlobPath(rev.blob.hash);
-  LORADB_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buf, loader_->ReadFile(path, rev.blob.hash));
-  if (buf->size() != rev.blob.bytes) {
-    return absl::DataLossError(absl::StrCat("blob ", path, " has ", buf->size(),
-                                            " bytes, the catalog records ", rev.blob.bytes));
-  }
-  // The whole-file xxh3-128 checked by the loader covers every byte; no per-tensor pass.
-  absl::StatusOr<TensorSet> set = ParseBlob(
-      buf->bytes(), std::shared_ptr<const void>(buf, buf.get()), /*verify_checksums=*/false);
-  if (!set.ok()) {
-    return absl::Status(set.status().code(),
-                        absl::StrCat("blob ", path, ": ", set.status().message()));
-  }
   auto adapter = std::make_shared<CachedAdapter>();
-  adapter->tensors = *std::move(set);
+  if (!tp_derived_dir_.empty() && tp_.degree > 1) {
+    // The rank's derived blob (built from the whole blob, verified, on first use); its metadata
+    // names the placement, so the device slots copy it as is.
+    LORADB_ASSIGN_OR_RETURN(adapter->tensors,
+                            LoadDerivedShard(path, rev.blob.hash, tp_derived_dir_, tp_));
+    for (const TensorView& v : adapter->tensors.tensors()) adapter->bytes += v.nbytes;
+  } else {
+    LORADB_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buf,
+                            loader_->ReadFile(path, rev.blob.hash));
+    if (buf->size() != rev.blob.bytes) {
+      return absl::DataLossError(absl::StrCat("blob ", path, " has ", buf->size(),
+                                              " bytes, the catalog records ", rev.blob.bytes));
+    }
+    // The whole-file xxh3-128 checked by the loader covers every byte; no per-tensor pass.
+    absl::StatusOr<TensorSet> set = ParseBlob(
+        buf->bytes(), std::shared_ptr<const void>(buf, buf.get()), /*verify_checksums=*/false);
+    if (!set.ok()) {
+      return absl::Status(set.status().code(),
+                          absl::StrCat("blob ", path, ": ", set.status().message()));
+    }
+    adapter->tensors = *std::move(set);
+    adapter->bytes = buf->capacity();
+  }
   auto& md = adapter->tensors.metadata();
   md["lora.r"] = absl::StrCat(rev.lora.r);
   md["lora.alpha"] = absl::StrCat(rev.lora.alpha);
   md["lora.use_rslora"] = rev.lora.use_rslora ? "true" : "false";
-  adapter->bytes = buf->capacity();
   return adapter;
 }
 
@@ -85,7 +97,9 @@ TierPlace StoreTiers::Where(uint64_t revision) const {
       p.tier = Tier::kGpu;
       p.slot = d.slot;
       p.device_leases = d.leases;
+      p.device_bytes = d.bytes;
     }
+    p.tp = device_->options().tp;
   }
   return p;
 }
@@ -104,7 +118,11 @@ absl::StatusOr<TieredLocated> StoreTiers::Locate(const std::string& policy,
   TierPlace p = Where(out.located.revision.id);
   out.located.location.tier = p.tier;
   out.located.location.slot = p.slot;
+  out.located.location.device_bytes = p.device_bytes;
+  out.located.location.tp = p.tp;
   out.slot = p.slot;
+  out.device_bytes = p.device_bytes;
+  out.tp = p.tp;
   return out;
 }
 

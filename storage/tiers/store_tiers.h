@@ -31,6 +31,8 @@ struct TierPlace {
   std::optional<uint32_t> slot;  // set when tier == kGpu
   int cpu_leases = 0;
   int device_leases = 0;
+  uint64_t device_bytes = 0;  // bytes in the device slot (the rank's shard under a TP placement)
+  TpShardSpec tp;             // the device tier's TP placement ({0, 1} without one)
 };
 
 // Store::Locate's answers with the live tier (the same as Store::Locate when the Store owns
@@ -38,6 +40,8 @@ struct TierPlace {
 struct TieredLocated {
   Located located;  // located.location.tier is the live tier
   std::optional<uint32_t> slot;
+  uint64_t device_bytes = 0;  // as TierPlace
+  TpShardSpec tp;
 };
 
 class StoreTiers {
@@ -68,6 +72,8 @@ class StoreTiers {
   absl::StatusOr<std::shared_ptr<const CachedAdapter>> LoadRevision(uint64_t id);
 
   Store* store_ = nullptr;
+  TpShardSpec tp_;              // the device slots' placement
+  std::string tp_derived_dir_;  // StoreTiersOptions::tp_derived_dir
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<CpuCache> cpu_;
   std::unique_ptr<DeviceSlots> device_;  // destroyed before cpu_ (declared after)

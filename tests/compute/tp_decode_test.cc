@@ -125,6 +125,10 @@ void ExpectMatchesTp1(const std::string& name) {
       }
       // Every rank holds the same (replicated) logits.
       EXPECT_EQ(got.logits, ranks[0].logits) << "rank " << r;
+      // The adapters came through the rank-placed device tier: its slots hold only the shard.
+      EXPECT_EQ(got.adapter_whole_bytes, one->adapter_whole_bytes);
+      EXPECT_GT(got.adapter_slot_bytes, 0u);
+      EXPECT_LT(got.adapter_slot_bytes, one->adapter_slot_bytes) << "rank " << r;
     }
   }
 }

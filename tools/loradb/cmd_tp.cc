@@ -2,7 +2,8 @@
 // over --tp K ranks on this machine (compute/distributed/tp_decode.h). Run
 // without LORADB_RANK in the environment it is the launcher: it starts K copies
 // of itself (compute/distributed/launcher.h) that meet in a Gloo (or NCCL)
-// group, each loading its slice of the base and of every revision's blob. Rank
+// group, each loading its slice of the base and acquiring its shard of every
+// revision through its rank-placed device tier (storage/tiers). Rank
 // 0 prints the summary and writes --out (logits and tokens as JSON) for
 // comparisons.
 #ifdef LORADB_COMPUTE_AVAILABLE
@@ -34,7 +35,6 @@ struct TpArgs {
   int tp = 2;
   int timeout_ms = 120000;
   std::string revisions;
-  std::string read = "partial";
   std::string backend = "gloo";
   std::string out;
   bool json = false;
@@ -72,7 +72,8 @@ absl::Status Report(const TpArgs& a, const distributed::TpDecodeResult& r, int r
                             {"decode_ms", r.decode_ms},
                             {"decode_tokens", r.decode_tokens},
                             {"decode_tokens_per_s", tok_s},
-                            {"adapter_bytes_read", r.adapter_bytes_read}};
+                            {"adapter_slot_bytes", r.adapter_slot_bytes},
+                            {"adapter_whole_bytes", r.adapter_whole_bytes}};
   if (!a.out.empty()) {
     nlohmann::json doc = summary;
     doc["tokens"] = r.tokens;
@@ -84,9 +85,10 @@ absl::Status Report(const TpArgs& a, const distributed::TpDecodeResult& r, int r
   } else {
     std::printf(
         "tp %d: %lld decode tokens in %.1f ms (%.1f tokens/s), prefill "
-        "%.1f ms, load %.1f ms\n",
+        "%.1f ms, load %.1f ms; rank 0 adapter slots %llu bytes (whole revisions %llu)\n",
         degree, static_cast<long long>(r.decode_tokens), r.decode_ms, tok_s, r.prefill_ms,
-        r.load_ms);
+        r.load_ms, static_cast<unsigned long long>(r.adapter_slot_bytes),
+        static_cast<unsigned long long>(r.adapter_whole_bytes));
   }
   return absl::OkStatus();
 }
@@ -100,7 +102,9 @@ void SetupTpDecode(CLI::App* sub, Invocation* inv) {
   sub->add_option("--prompt-len", a->run.prompt_len, "prompt tokens per sequence (default 8)");
   sub->add_option("--steps", a->run.steps, "decode steps after the prefill (default 8)");
   sub->add_option("--seed", a->run.seed, "prompt seed (default 1)");
-  sub->add_option("--read", a->read, "adapter shard read: partial | whole (default partial)");
+  sub->add_option("--derived-dir", a->run.derived_dir,
+                  "each rank's CPU tier holds pre-sliced derived blobs built under this directory "
+                  "(default: whole revisions, sliced into the device slots)");
   sub->add_option("--backend", a->backend,
                   "gloo (CPU) | nccl (CUDA; the model on the rank's GPU); default gloo");
   sub->add_option("--timeout-ms", a->timeout_ms, "collective timeout (default 120000)");
@@ -119,13 +123,6 @@ void SetupTpDecode(CLI::App* sub, Invocation* inv) {
           return absl::InvalidArgumentError(absl::StrCat("bad revision id \"", part, "\""));
         }
         a->run.revisions.push_back(id);
-      }
-      if (a->read == "partial") {
-        a->run.read_mode = distributed::ShardReadMode::kPartial;
-      } else if (a->read == "whole") {
-        a->run.read_mode = distributed::ShardReadMode::kWholeVerified;
-      } else {
-        return absl::InvalidArgumentError("--read must be partial or whole");
       }
       absl::StatusOr<dist::Backend> backend = dist::ParseBackend(a->backend);
       if (!backend.ok()) return backend.status();

@@ -1,4 +1,4 @@
-#include "compute/distributed/tp_shard.h"
+#include "storage/tiers/tp_shard.h"
 
 #include <cstring>
 #include <initializer_list>
@@ -11,7 +11,7 @@
 #include "storage/tiers/host_buffer.h"
 #include "storage/util/status_macros.h"
 
-namespace loradb::distributed {
+namespace loradb::tiers {
 namespace {
 
 constexpr uint64_t kSliceAlign = 64;
@@ -56,18 +56,18 @@ SplitGeometry Geometry(const std::vector<int64_t>& shape, DType dtype, int split
 
 // An owned aligned buffer holding `sizes` back to back (each 64-byte aligned); returns the
 // buffer and the offset of each.
-absl::StatusOr<std::shared_ptr<tiers::HostBuffer>> AllocateFor(const std::vector<uint64_t>& sizes,
-                                                               std::vector<uint64_t>* offsets) {
+absl::StatusOr<std::shared_ptr<HostBuffer>> AllocateFor(const std::vector<uint64_t>& sizes,
+                                                        std::vector<uint64_t>* offsets) {
   uint64_t total = 0;
   offsets->clear();
   for (uint64_t n : sizes) {
     offsets->push_back(total);
-    total = tiers::AlignUp(total + n, kSliceAlign);
+    total = AlignUp(total + n, kSliceAlign);
   }
-  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<tiers::HostBuffer> buf,
-                          tiers::HostBuffer::Allocate(total == 0 ? kSliceAlign : total,
-                                                      /*pin=*/false));
-  return std::shared_ptr<tiers::HostBuffer>(std::move(buf));
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buf,
+                          HostBuffer::Allocate(total == 0 ? kSliceAlign : total,
+                                               /*pin=*/false));
+  return std::shared_ptr<HostBuffer>(std::move(buf));
 }
 
 }  // namespace
@@ -192,7 +192,7 @@ absl::StatusOr<TensorSet> SliceTensors(const TensorSet& whole,
     sizes.push_back(p.bytes);
   }
   std::vector<uint64_t> offsets;
-  LORADB_ASSIGN_OR_RETURN(std::shared_ptr<tiers::HostBuffer> buf, AllocateFor(sizes, &offsets));
+  LORADB_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buf, AllocateFor(sizes, &offsets));
   TensorSet out(buf);
   out.metadata() = whole.metadata();
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -232,6 +232,25 @@ absl::StatusOr<TensorSet> ShardAdapter(const ModelConfig& config, const TensorSe
   LORADB_RETURN_IF_ERROR(ValidateTpShard(spec));
   LORADB_RETURN_IF_ERROR(TpLocalConfig(config, spec.degree).status());
   return SliceTensors(whole, AdapterTensorAxis, spec);
+}
+
+absl::StatusOr<const TensorSet*> AdapterShardFor(const TensorSet& host, const TpShardSpec& spec,
+                                                 TensorSet* scratch) {
+  LORADB_RETURN_IF_ERROR(ValidateTpShard(spec));
+  auto degree = host.metadata().find(kTpDegreeKey);
+  if (degree != host.metadata().end()) {
+    auto rank = host.metadata().find(kTpRankKey);
+    const std::string have_rank = rank == host.metadata().end() ? "?" : rank->second;
+    if (degree->second != absl::StrCat(spec.degree) || have_rank != absl::StrCat(spec.rank)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the adapter is already the shard of TP rank ", have_rank, " of ",
+                       degree->second, ", not of rank ", spec.rank, " of ", spec.degree));
+    }
+    return &host;
+  }
+  if (spec.degree == 1) return &host;
+  LORADB_ASSIGN_OR_RETURN(*scratch, SliceTensors(host, AdapterTensorAxis, spec));
+  return scratch;
 }
 
 absl::StatusOr<TensorSet> GatherAdapterShards(const std::vector<const TensorSet*>& shards) {
@@ -287,7 +306,7 @@ absl::StatusOr<TensorSet> GatherAdapterShards(const std::vector<const TensorSet*
     sizes.push_back(plans.back().bytes);
   }
   std::vector<uint64_t> offsets;
-  LORADB_ASSIGN_OR_RETURN(std::shared_ptr<tiers::HostBuffer> buf, AllocateFor(sizes, &offsets));
+  LORADB_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buf, AllocateFor(sizes, &offsets));
   TensorSet out(buf);
   out.metadata() = first.metadata();
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -311,4 +330,4 @@ absl::StatusOr<TensorSet> GatherAdapterShards(const std::vector<const TensorSet*
   return out;
 }
 
-}  // namespace loradb::distributed
+}  // namespace loradb::tiers
