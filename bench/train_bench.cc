@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <cstdio>
@@ -29,6 +30,7 @@
 #include "compute/trainer/checkpoint.h"
 #include "compute/trainer/tasks.h"
 #include "compute/trainer/tensor_io.h"
+#include "compute/trainer/time_slicer.h"
 #include "storage/formats/safetensors.h"
 #include "storage/store/store.h"
 #include "storage/util/status_macros.h"
@@ -43,6 +45,14 @@ struct Flags {
   std::string which = "all";
   int64_t layers = 28;
   int64_t steps = 10;
+  // concurrent: LibTorch intra-op threads of both arms, GRPO prompts x group per policy-step,
+  // and the time-sliced arm's micro-batches per shared step.
+  int64_t threads = 1;
+  int64_t prompts = 8;
+  int64_t group = 8;
+  int64_t sliced_micro_batches = 2;
+  int64_t workers = 2;  // time-sliced: scheduler threads
+  int64_t cohort = 0;   // time-sliced: policies per shared step (0: ceil(K / workers))
   // Internal: `concurrent` runs each mode in a child process of this binary with these set.
   std::string child_mode;  // sequential | time_sliced
   std::string child_base;  // the base checkpoint the parent wrote
@@ -62,6 +72,18 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       LORADB_RETURN_IF_ERROR(value(&f.layers));
     } else if (args[i] == "--steps") {
       LORADB_RETURN_IF_ERROR(value(&f.steps));
+    } else if (args[i] == "--threads") {
+      LORADB_RETURN_IF_ERROR(value(&f.threads));
+    } else if (args[i] == "--prompts") {
+      LORADB_RETURN_IF_ERROR(value(&f.prompts));
+    } else if (args[i] == "--group") {
+      LORADB_RETURN_IF_ERROR(value(&f.group));
+    } else if (args[i] == "--workers") {
+      LORADB_RETURN_IF_ERROR(value(&f.workers));
+    } else if (args[i] == "--cohort") {
+      LORADB_RETURN_IF_ERROR(value(&f.cohort));
+    } else if (args[i] == "--sliced-micro-batches") {
+      LORADB_RETURN_IF_ERROR(value(&f.sliced_micro_batches));
     } else if ((args[i] == "--child-mode" || args[i] == "--child-base") && i + 1 < args.size()) {
       (args[i] == "--child-mode" ? f.child_mode : f.child_base) = args[i + 1];
       ++i;
@@ -236,11 +258,19 @@ ModelConfig TinyDense() {
   return config;
 }
 
-trainer::StepConfig ConcurrentStepConfig() {
+trainer::StepConfig ConcurrentStepConfig(const Flags& f) {
   trainer::StepConfig sc;
-  sc.grpo_prompts = 8;
-  sc.grpo_group = 8;
+  sc.grpo_prompts = f.prompts;
+  sc.grpo_group = f.group;
   return sc;
+}
+
+// CPU seconds (user + system) this process has used.
+double ProcessCpuSeconds() {
+  struct rusage u;
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const struct timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
 }
 constexpr int kConcurrentPolicies = 3;
 
@@ -253,11 +283,8 @@ absl::Status RunConcurrentChild(const Flags& f) {
   }
   LORADB_ASSIGN_OR_RETURN(auto base, model::Qwen3Model::Load(f.child_base));
   LORADB_ASSIGN_OR_RETURN(auto task, trainer::MakeTask("arithmetic", base->config().vocab_size, 1));
-  trainer::StepConfig sc = ConcurrentStepConfig();
-  // Time-sliced: each shared forward/backward holds as many rows as one policy's step does
-  // (K micro-batches, each with a third of every policy's rollouts), so activation memory
-  // stays that of one policy: peak = one base + K adapters + their optimizer states.
-  if (sliced) sc.micro_batches = kConcurrentPolicies;
+  trainer::StepConfig sc = ConcurrentStepConfig(f);
+  if (sliced) sc.micro_batches = f.sliced_micro_batches;
   Trainer t(base.get());
   for (int i = 0; i < kConcurrentPolicies; ++i) {
     trainer::PolicyOptions po;
@@ -267,29 +294,32 @@ absl::Status RunConcurrentChild(const Flags& f) {
     LORADB_RETURN_IF_ERROR(t.AddPolicy(po).status());
   }
   double sample_s = 0, fb_s = 0, optim_s = 0;
-  auto account = [&](const std::vector<trainer::StepReport>& r) {
-    // The phases are shared by every policy of one TrainStep call: count them once.
-    sample_s += r[0].sample_s;
-    fb_s += r[0].forward_backward_s;
-    optim_s += r[0].optim_s;
-  };
-  const double t0 = NowSeconds();
+  int64_t cohort_steps = 0;
+  const double t0 = NowSeconds(), cpu0 = ProcessCpuSeconds();
   if (!sliced) {
     for (int p = 0; p < kConcurrentPolicies; ++p) {
       for (int64_t s = 0; s < f.steps; ++s) {
         LORADB_ASSIGN_OR_RETURN(auto r, trainer::TrainStep(&t, {{p, task.get()}}, sc));
-        account(r);
+        sample_s += r[0].sample_s;
+        fb_s += r[0].forward_backward_s;
+        optim_s += r[0].optim_s;
+        ++cohort_steps;
       }
     }
   } else {
     std::vector<std::pair<int, const trainer::Task*>> all;
     for (int p = 0; p < kConcurrentPolicies; ++p) all.push_back({p, task.get()});
-    for (int64_t s = 0; s < f.steps; ++s) {
-      LORADB_ASSIGN_OR_RETURN(auto r, trainer::TrainStep(&t, all, sc));
-      account(r);
-    }
+    trainer::TimeSliceOptions to;
+    to.steps = f.steps;
+    to.workers = f.workers;
+    to.max_cohort = f.cohort;
+    LORADB_ASSIGN_OR_RETURN(trainer::TimeSliceResult r, trainer::TrainTimeSliced(&t, all, sc, to));
+    sample_s = r.sample_s;
+    fb_s = r.forward_backward_s;
+    optim_s = r.optim_s;
+    cohort_steps = r.cohort_steps;
   }
-  const double seconds = NowSeconds() - t0;
+  const double seconds = NowSeconds() - t0, cpu_seconds = ProcessCpuSeconds() - cpu0;
   Emit({{"bench", "train"},
         {"case", "concurrent"},
         {"mode", f.child_mode},
@@ -297,7 +327,11 @@ absl::Status RunConcurrentChild(const Flags& f) {
         {"steps_per_policy", f.steps},
         {"rollouts_per_step", sc.grpo_prompts * sc.grpo_group},
         {"micro_batches", sc.micro_batches},
+        {"workers", sliced ? std::min<int64_t>(f.workers, kConcurrentPolicies) : 1},
+        {"train_step_calls", cohort_steps},
+        {"threads", at::get_num_threads()},
         {"wall_s", seconds},
+        {"cpu_s", cpu_seconds},
         {"sample_s", sample_s},
         {"forward_backward_s", fb_s},
         {"optim_s", optim_s},
@@ -319,9 +353,11 @@ absl::Status RunConcurrent(const Flags& f) {
   const char* modes[2] = {"sequential", "time_sliced"};
   for (int mode = 0; mode < 2; ++mode) {
     Progress(absl::StrCat("concurrent: ", modes[mode], " (child process)"));
-    const std::string cmd =
-        absl::StrCat("'", self, "' train concurrent --steps ", f.steps, " --child-mode ",
-                     modes[mode], " --child-base '", scratch.path(), "'");
+    const std::string cmd = absl::StrCat(
+        "'", self, "' train concurrent --steps ", f.steps, " --threads ", f.threads, " --prompts ",
+        f.prompts, " --group ", f.group, " --sliced-micro-batches ", f.sliced_micro_batches,
+        " --workers ", f.workers, f.cohort > 0 ? absl::StrCat(" --cohort ", f.cohort) : "",
+        " --child-mode ", modes[mode], " --child-base '", scratch.path(), "'");
     FILE* pipe = ::popen(cmd.c_str(), "r");
     if (pipe == nullptr) return absl::InternalError("cannot start " + cmd);
     std::string out;
@@ -355,7 +391,7 @@ absl::Status RunTrainBench(const std::vector<std::string>& args) {
   LORADB_ASSIGN_OR_RETURN(Flags f, ParseFlags(args));
   // One intra-op thread: on this shared 2-core machine OpenMP threads oversubscribe and the
   // tiny model's ops gain nothing from more.
-  at::set_num_threads(1);
+  at::set_num_threads(static_cast<int>(f.threads));
   if (f.which == "all" || f.which == "concurrent") LORADB_RETURN_IF_ERROR(RunConcurrent(f));
   if (!f.child_mode.empty()) return absl::OkStatus();
   if (f.which == "all" || f.which == "handoff") LORADB_RETURN_IF_ERROR(RunHandoff(f));
