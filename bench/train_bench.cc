@@ -4,10 +4,16 @@
 //               moved) + acquire (resolve the alias, read the blob, build the model's adapter),
 //               vs (b) merging it into the base, writing the full safetensors checkpoint and
 //               loading that into a fresh model. Goal: (a) >= 18.3x faster than (b).
-//   concurrent  K = 3 GRPO policies for the same number of steps each, one after another vs
-//               time-sliced (shared rollout decode batches and shared forward/backward). Goals:
-//               wall-time ratio >= 1.5 and peak RSS within 10%.
-// Flags: --layers N (handoff base depth, default 28 = Qwen3-0.6B), --steps N (concurrent, 10).
+//   concurrent  K = 3 GRPO policies (tiny dense base, fp32) for the same number of steps each,
+//               one after another vs time-sliced (TrainTimeSliced: `--workers` threads step
+//               cohorts of `--cohort` policies, whose rollouts share decode batches and whose
+//               rows share forward/backward, in `--sliced-micro-batches` micro-batches). Both
+//               arms use `--threads` LibTorch intra-op threads, each in its own child process.
+//               Goals: wall-time ratio >= 1.5 and peak RSS within 10%.
+// Flags: --layers N (handoff base depth, default 28 = Qwen3-0.6B); concurrent: --steps N (10),
+// --threads N (1), --workers N (2), --cohort N (1), --sliced-micro-batches N (2), --prompts N
+// and --group N (GRPO prompts x samples per policy-step, 8 x 8), --reference-threads N (also
+// run the sequential arm with N intra-op threads; off by default).
 #ifdef LORADB_COMPUTE_AVAILABLE
 
 #include <ATen/ATen.h>
@@ -25,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
+#include "bench/dist_bench.h"
 #include "compute/model/checkpoint.h"
 #include "compute/model/qwen3_model.h"
 #include "compute/trainer/checkpoint.h"
@@ -52,7 +59,9 @@ struct Flags {
   int64_t group = 8;
   int64_t sliced_micro_batches = 2;
   int64_t workers = 2;  // time-sliced: scheduler threads
-  int64_t cohort = 0;   // time-sliced: policies per shared step (0: ceil(K / workers))
+  int64_t cohort = 1;   // time-sliced: policies per shared step
+  // > 0: also run the sequential arm with this many intra-op threads (a reference line).
+  int64_t reference_threads = 0;
   // Internal: `concurrent` runs each mode in a child process of this binary with these set.
   std::string child_mode;  // sequential | time_sliced
   std::string child_base;  // the base checkpoint the parent wrote
@@ -82,6 +91,8 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       LORADB_RETURN_IF_ERROR(value(&f.workers));
     } else if (args[i] == "--cohort") {
       LORADB_RETURN_IF_ERROR(value(&f.cohort));
+    } else if (args[i] == "--reference-threads") {
+      LORADB_RETURN_IF_ERROR(value(&f.reference_threads));
     } else if (args[i] == "--sliced-micro-batches") {
       LORADB_RETURN_IF_ERROR(value(&f.sliced_micro_batches));
     } else if ((args[i] == "--child-mode" || args[i] == "--child-base") && i + 1 < args.size()) {
@@ -348,16 +359,14 @@ absl::Status RunConcurrent(const Flags& f) {
   const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
   if (ec) return absl::InternalError("cannot find this program (/proc/self/exe)");
   // Each mode in its own child process, so neither inherits the other's peak RSS.
-  double seconds[2] = {0, 0};
-  int64_t rss[2] = {0, 0};
-  const char* modes[2] = {"sequential", "time_sliced"};
-  for (int mode = 0; mode < 2; ++mode) {
-    Progress(absl::StrCat("concurrent: ", modes[mode], " (child process)"));
-    const std::string cmd = absl::StrCat(
-        "'", self, "' train concurrent --steps ", f.steps, " --threads ", f.threads, " --prompts ",
-        f.prompts, " --group ", f.group, " --sliced-micro-batches ", f.sliced_micro_batches,
-        " --workers ", f.workers, f.cohort > 0 ? absl::StrCat(" --cohort ", f.cohort) : "",
-        " --child-mode ", modes[mode], " --child-base '", scratch.path(), "'");
+  auto run_child = [&](const std::string& mode, int64_t threads, double* seconds,
+                       int64_t* rss) -> absl::Status {
+    Progress(absl::StrCat("concurrent: ", mode, ", ", threads, " intra-op thread(s) (child)"));
+    const std::string cmd =
+        absl::StrCat("'", self, "' train concurrent --steps ", f.steps, " --threads ", threads,
+                     " --prompts ", f.prompts, " --group ", f.group, " --sliced-micro-batches ",
+                     f.sliced_micro_batches, " --workers ", f.workers, " --cohort ", f.cohort,
+                     " --child-mode ", mode, " --child-base '", scratch.path(), "'");
     FILE* pipe = ::popen(cmd.c_str(), "r");
     if (pipe == nullptr) return absl::InternalError("cannot start " + cmd);
     std::string out;
@@ -366,21 +375,38 @@ absl::Status RunConcurrent(const Flags& f) {
     while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
     const int rc = ::pclose(pipe);
     if (rc != 0) return absl::InternalError(absl::StrCat(cmd, " failed (status ", rc, ")"));
-    bool found = false;
     std::istringstream lines(out);
     std::string line;
     while (std::getline(lines, line)) {
       nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.contains("wall_s") || !j.contains("peak_rss_bytes")) continue;
-      seconds[mode] = j["wall_s"].get<double>();
-      rss[mode] = j["peak_rss_bytes"].get<int64_t>();
-      found = true;
+      *seconds = j["wall_s"].get<double>();
+      *rss = j["peak_rss_bytes"].get<int64_t>();
       Emit(j);
+      return absl::OkStatus();
     }
-    if (!found) return absl::InternalError(cmd + " printed no measurement");
+    return absl::InternalError(cmd + " printed no measurement");
+  };
+  const double load0 = LoadAverage1m();
+  double seq_s = 0, sliced_s = 0;
+  int64_t seq_rss = 0, sliced_rss = 0;
+  LORADB_RETURN_IF_ERROR(run_child("sequential", f.threads, &seq_s, &seq_rss));
+  LORADB_RETURN_IF_ERROR(run_child("time_sliced", f.threads, &sliced_s, &sliced_rss));
+  const double ratio = seq_s / sliced_s;
+  const double rss_ratio = static_cast<double>(sliced_rss) / static_cast<double>(seq_rss);
+  nlohmann::json summary = {{"bench", "train"},          {"case", "concurrent_summary"},
+                            {"threads", f.threads},      {"workers", f.workers},
+                            {"speedup", ratio},          {"peak_rss_ratio", rss_ratio},
+                            {"loadavg_1m_start", load0}, {"loadavg_1m_end", LoadAverage1m()}};
+  if (f.reference_threads > 0) {
+    // The sequential arm given the time-sliced arm's cores as intra-op threads instead.
+    double ref_s = 0;
+    int64_t ref_rss = 0;
+    LORADB_RETURN_IF_ERROR(run_child("sequential", f.reference_threads, &ref_s, &ref_rss));
+    summary["sequential_reference_threads"] = f.reference_threads;
+    summary["speedup_vs_sequential_reference"] = ref_s / sliced_s;
   }
-  const double ratio = seconds[0] / seconds[1];
-  const double rss_ratio = static_cast<double>(rss[1]) / static_cast<double>(rss[0]);
+  Emit(summary);
   EmitGoal("train", "concurrent_speedup", ratio, ">= 1.5", ratio >= 1.5);
   EmitGoal("train", "concurrent_peak_rss_ratio", rss_ratio, "within 10% (0.9..1.1)",
            std::abs(rss_ratio - 1.0) <= 0.1);
@@ -389,8 +415,8 @@ absl::Status RunConcurrent(const Flags& f) {
 
 absl::Status RunTrainBench(const std::vector<std::string>& args) {
   LORADB_ASSIGN_OR_RETURN(Flags f, ParseFlags(args));
-  // One intra-op thread: on this shared 2-core machine OpenMP threads oversubscribe and the
-  // tiny model's ops gain nothing from more.
+  // Intra-op threads of both arms (default 1: on this shared 2-core machine OpenMP threads
+  // oversubscribe, and the tiny model's ops gain little from more).
   at::set_num_threads(static_cast<int>(f.threads));
   if (f.which == "all" || f.which == "concurrent") LORADB_RETURN_IF_ERROR(RunConcurrent(f));
   if (!f.child_mode.empty()) return absl::OkStatus();
@@ -400,7 +426,8 @@ absl::Status RunTrainBench(const std::vector<std::string>& args) {
 
 LORADB_REGISTER_SCENARIO({"train",
                           "trainer: handoff (revision vs merged checkpoint), concurrent (K=3 "
-                          "GRPO policies sequential vs time-sliced) [--layers N] [--steps N]",
+                          "GRPO policies sequential vs time-sliced) [--layers N] [--steps N] "
+                          "[--threads N] [--workers N] [--cohort N] [--reference-threads N]",
                           RunTrainBench,
                           {"--layers", "28", "--steps", "10"}});
 
