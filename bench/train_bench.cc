@@ -4,15 +4,22 @@
 //               moved) + acquire (resolve the alias, read the blob, build the model's adapter),
 //               vs (b) merging it into the base, writing the full safetensors checkpoint and
 //               loading that into a fresh model. Goal: (a) >= 18.3x faster than (b).
-//   concurrent  K = 3 GRPO policies for the same number of steps each, one after another vs
-//               time-sliced (shared rollout decode batches and shared forward/backward). Goals:
-//               wall-time ratio >= 1.5 and peak RSS within 10%.
-// Flags: --layers N (handoff base depth, default 28 = Qwen3-0.6B), --steps N (concurrent, 10).
+//   concurrent  K = 3 GRPO policies (tiny dense base, fp32) for the same number of steps each,
+//               one after another vs time-sliced (TrainTimeSliced: `--workers` threads step
+//               cohorts of `--cohort` policies, whose rollouts share decode batches and whose
+//               rows share forward/backward, in `--sliced-micro-batches` micro-batches). Both
+//               arms use `--threads` LibTorch intra-op threads, each in its own child process.
+//               Goals: wall-time ratio >= 1.5 and peak RSS within 10%.
+// Flags: --layers N (handoff base depth, default 28 = Qwen3-0.6B); concurrent: --steps N (10),
+// --threads N (1), --workers N (2), --cohort N (1), --sliced-micro-batches N (2), --prompts N
+// and --group N (GRPO prompts x samples per policy-step, 8 x 8), --reference-threads N (also
+// run the sequential arm with N intra-op threads; off by default).
 #ifdef LORADB_COMPUTE_AVAILABLE
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <cstdio>
@@ -24,11 +31,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
+#include "bench/dist_bench.h"
 #include "compute/model/checkpoint.h"
 #include "compute/model/qwen3_model.h"
 #include "compute/trainer/checkpoint.h"
 #include "compute/trainer/tasks.h"
 #include "compute/trainer/tensor_io.h"
+#include "compute/trainer/time_slicer.h"
 #include "storage/formats/safetensors.h"
 #include "storage/store/store.h"
 #include "storage/util/status_macros.h"
@@ -43,6 +52,16 @@ struct Flags {
   std::string which = "all";
   int64_t layers = 28;
   int64_t steps = 10;
+  // concurrent: LibTorch intra-op threads of both arms, GRPO prompts x group per policy-step,
+  // and the time-sliced arm's micro-batches per shared step.
+  int64_t threads = 1;
+  int64_t prompts = 8;
+  int64_t group = 8;
+  int64_t sliced_micro_batches = 2;
+  int64_t workers = 2;  // time-sliced: scheduler threads
+  int64_t cohort = 1;   // time-sliced: policies per shared step
+  // > 0: also run the sequential arm with this many intra-op threads (a reference line).
+  int64_t reference_threads = 0;
   // Internal: `concurrent` runs each mode in a child process of this binary with these set.
   std::string child_mode;  // sequential | time_sliced
   std::string child_base;  // the base checkpoint the parent wrote
@@ -62,6 +81,20 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       LORADB_RETURN_IF_ERROR(value(&f.layers));
     } else if (args[i] == "--steps") {
       LORADB_RETURN_IF_ERROR(value(&f.steps));
+    } else if (args[i] == "--threads") {
+      LORADB_RETURN_IF_ERROR(value(&f.threads));
+    } else if (args[i] == "--prompts") {
+      LORADB_RETURN_IF_ERROR(value(&f.prompts));
+    } else if (args[i] == "--group") {
+      LORADB_RETURN_IF_ERROR(value(&f.group));
+    } else if (args[i] == "--workers") {
+      LORADB_RETURN_IF_ERROR(value(&f.workers));
+    } else if (args[i] == "--cohort") {
+      LORADB_RETURN_IF_ERROR(value(&f.cohort));
+    } else if (args[i] == "--reference-threads") {
+      LORADB_RETURN_IF_ERROR(value(&f.reference_threads));
+    } else if (args[i] == "--sliced-micro-batches") {
+      LORADB_RETURN_IF_ERROR(value(&f.sliced_micro_batches));
     } else if ((args[i] == "--child-mode" || args[i] == "--child-base") && i + 1 < args.size()) {
       (args[i] == "--child-mode" ? f.child_mode : f.child_base) = args[i + 1];
       ++i;
@@ -236,11 +269,19 @@ ModelConfig TinyDense() {
   return config;
 }
 
-trainer::StepConfig ConcurrentStepConfig() {
+trainer::StepConfig ConcurrentStepConfig(const Flags& f) {
   trainer::StepConfig sc;
-  sc.grpo_prompts = 8;
-  sc.grpo_group = 8;
+  sc.grpo_prompts = f.prompts;
+  sc.grpo_group = f.group;
   return sc;
+}
+
+// CPU seconds (user + system) this process has used.
+double ProcessCpuSeconds() {
+  struct rusage u;
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const struct timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
 }
 constexpr int kConcurrentPolicies = 3;
 
@@ -253,11 +294,8 @@ absl::Status RunConcurrentChild(const Flags& f) {
   }
   LORADB_ASSIGN_OR_RETURN(auto base, model::Qwen3Model::Load(f.child_base));
   LORADB_ASSIGN_OR_RETURN(auto task, trainer::MakeTask("arithmetic", base->config().vocab_size, 1));
-  trainer::StepConfig sc = ConcurrentStepConfig();
-  // Time-sliced: each shared forward/backward holds as many rows as one policy's step does
-  // (K micro-batches, each with a third of every policy's rollouts), so activation memory
-  // stays that of one policy: peak = one base + K adapters + their optimizer states.
-  if (sliced) sc.micro_batches = kConcurrentPolicies;
+  trainer::StepConfig sc = ConcurrentStepConfig(f);
+  if (sliced) sc.micro_batches = f.sliced_micro_batches;
   Trainer t(base.get());
   for (int i = 0; i < kConcurrentPolicies; ++i) {
     trainer::PolicyOptions po;
@@ -267,29 +305,32 @@ absl::Status RunConcurrentChild(const Flags& f) {
     LORADB_RETURN_IF_ERROR(t.AddPolicy(po).status());
   }
   double sample_s = 0, fb_s = 0, optim_s = 0;
-  auto account = [&](const std::vector<trainer::StepReport>& r) {
-    // The phases are shared by every policy of one TrainStep call: count them once.
-    sample_s += r[0].sample_s;
-    fb_s += r[0].forward_backward_s;
-    optim_s += r[0].optim_s;
-  };
-  const double t0 = NowSeconds();
+  int64_t cohort_steps = 0;
+  const double t0 = NowSeconds(), cpu0 = ProcessCpuSeconds();
   if (!sliced) {
     for (int p = 0; p < kConcurrentPolicies; ++p) {
       for (int64_t s = 0; s < f.steps; ++s) {
         LORADB_ASSIGN_OR_RETURN(auto r, trainer::TrainStep(&t, {{p, task.get()}}, sc));
-        account(r);
+        sample_s += r[0].sample_s;
+        fb_s += r[0].forward_backward_s;
+        optim_s += r[0].optim_s;
+        ++cohort_steps;
       }
     }
   } else {
     std::vector<std::pair<int, const trainer::Task*>> all;
     for (int p = 0; p < kConcurrentPolicies; ++p) all.push_back({p, task.get()});
-    for (int64_t s = 0; s < f.steps; ++s) {
-      LORADB_ASSIGN_OR_RETURN(auto r, trainer::TrainStep(&t, all, sc));
-      account(r);
-    }
+    trainer::TimeSliceOptions to;
+    to.steps = f.steps;
+    to.workers = f.workers;
+    to.max_cohort = f.cohort;
+    LORADB_ASSIGN_OR_RETURN(trainer::TimeSliceResult r, trainer::TrainTimeSliced(&t, all, sc, to));
+    sample_s = r.sample_s;
+    fb_s = r.forward_backward_s;
+    optim_s = r.optim_s;
+    cohort_steps = r.cohort_steps;
   }
-  const double seconds = NowSeconds() - t0;
+  const double seconds = NowSeconds() - t0, cpu_seconds = ProcessCpuSeconds() - cpu0;
   Emit({{"bench", "train"},
         {"case", "concurrent"},
         {"mode", f.child_mode},
@@ -297,7 +338,11 @@ absl::Status RunConcurrentChild(const Flags& f) {
         {"steps_per_policy", f.steps},
         {"rollouts_per_step", sc.grpo_prompts * sc.grpo_group},
         {"micro_batches", sc.micro_batches},
+        {"workers", sliced ? std::min<int64_t>(f.workers, kConcurrentPolicies) : 1},
+        {"train_step_calls", cohort_steps},
+        {"threads", at::get_num_threads()},
         {"wall_s", seconds},
+        {"cpu_s", cpu_seconds},
         {"sample_s", sample_s},
         {"forward_backward_s", fb_s},
         {"optim_s", optim_s},
@@ -314,14 +359,14 @@ absl::Status RunConcurrent(const Flags& f) {
   const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
   if (ec) return absl::InternalError("cannot find this program (/proc/self/exe)");
   // Each mode in its own child process, so neither inherits the other's peak RSS.
-  double seconds[2] = {0, 0};
-  int64_t rss[2] = {0, 0};
-  const char* modes[2] = {"sequential", "time_sliced"};
-  for (int mode = 0; mode < 2; ++mode) {
-    Progress(absl::StrCat("concurrent: ", modes[mode], " (child process)"));
+  auto run_child = [&](const std::string& mode, int64_t threads, double* seconds,
+                       int64_t* rss) -> absl::Status {
+    Progress(absl::StrCat("concurrent: ", mode, ", ", threads, " intra-op thread(s) (child)"));
     const std::string cmd =
-        absl::StrCat("'", self, "' train concurrent --steps ", f.steps, " --child-mode ",
-                     modes[mode], " --child-base '", scratch.path(), "'");
+        absl::StrCat("'", self, "' train concurrent --steps ", f.steps, " --threads ", threads,
+                     " --prompts ", f.prompts, " --group ", f.group, " --sliced-micro-batches ",
+                     f.sliced_micro_batches, " --workers ", f.workers, " --cohort ", f.cohort,
+                     " --child-mode ", mode, " --child-base '", scratch.path(), "'");
     FILE* pipe = ::popen(cmd.c_str(), "r");
     if (pipe == nullptr) return absl::InternalError("cannot start " + cmd);
     std::string out;
@@ -330,21 +375,38 @@ absl::Status RunConcurrent(const Flags& f) {
     while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
     const int rc = ::pclose(pipe);
     if (rc != 0) return absl::InternalError(absl::StrCat(cmd, " failed (status ", rc, ")"));
-    bool found = false;
     std::istringstream lines(out);
     std::string line;
     while (std::getline(lines, line)) {
       nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.contains("wall_s") || !j.contains("peak_rss_bytes")) continue;
-      seconds[mode] = j["wall_s"].get<double>();
-      rss[mode] = j["peak_rss_bytes"].get<int64_t>();
-      found = true;
+      *seconds = j["wall_s"].get<double>();
+      *rss = j["peak_rss_bytes"].get<int64_t>();
       Emit(j);
+      return absl::OkStatus();
     }
-    if (!found) return absl::InternalError(cmd + " printed no measurement");
+    return absl::InternalError(cmd + " printed no measurement");
+  };
+  const double load0 = LoadAverage1m();
+  double seq_s = 0, sliced_s = 0;
+  int64_t seq_rss = 0, sliced_rss = 0;
+  LORADB_RETURN_IF_ERROR(run_child("sequential", f.threads, &seq_s, &seq_rss));
+  LORADB_RETURN_IF_ERROR(run_child("time_sliced", f.threads, &sliced_s, &sliced_rss));
+  const double ratio = seq_s / sliced_s;
+  const double rss_ratio = static_cast<double>(sliced_rss) / static_cast<double>(seq_rss);
+  nlohmann::json summary = {{"bench", "train"},          {"case", "concurrent_summary"},
+                            {"threads", f.threads},      {"workers", f.workers},
+                            {"speedup", ratio},          {"peak_rss_ratio", rss_ratio},
+                            {"loadavg_1m_start", load0}, {"loadavg_1m_end", LoadAverage1m()}};
+  if (f.reference_threads > 0) {
+    // The sequential arm given the time-sliced arm's cores as intra-op threads instead.
+    double ref_s = 0;
+    int64_t ref_rss = 0;
+    LORADB_RETURN_IF_ERROR(run_child("sequential", f.reference_threads, &ref_s, &ref_rss));
+    summary["sequential_reference_threads"] = f.reference_threads;
+    summary["speedup_vs_sequential_reference"] = ref_s / sliced_s;
   }
-  const double ratio = seconds[0] / seconds[1];
-  const double rss_ratio = static_cast<double>(rss[1]) / static_cast<double>(rss[0]);
+  Emit(summary);
   EmitGoal("train", "concurrent_speedup", ratio, ">= 1.5", ratio >= 1.5);
   EmitGoal("train", "concurrent_peak_rss_ratio", rss_ratio, "within 10% (0.9..1.1)",
            std::abs(rss_ratio - 1.0) <= 0.1);
@@ -353,9 +415,9 @@ absl::Status RunConcurrent(const Flags& f) {
 
 absl::Status RunTrainBench(const std::vector<std::string>& args) {
   LORADB_ASSIGN_OR_RETURN(Flags f, ParseFlags(args));
-  // One intra-op thread: on this shared 2-core machine OpenMP threads oversubscribe and the
-  // tiny model's ops gain nothing from more.
-  at::set_num_threads(1);
+  // Intra-op threads of both arms (default 1: on this shared 2-core machine OpenMP threads
+  // oversubscribe, and the tiny model's ops gain little from more).
+  at::set_num_threads(static_cast<int>(f.threads));
   if (f.which == "all" || f.which == "concurrent") LORADB_RETURN_IF_ERROR(RunConcurrent(f));
   if (!f.child_mode.empty()) return absl::OkStatus();
   if (f.which == "all" || f.which == "handoff") LORADB_RETURN_IF_ERROR(RunHandoff(f));
@@ -364,7 +426,8 @@ absl::Status RunTrainBench(const std::vector<std::string>& args) {
 
 LORADB_REGISTER_SCENARIO({"train",
                           "trainer: handoff (revision vs merged checkpoint), concurrent (K=3 "
-                          "GRPO policies sequential vs time-sliced) [--layers N] [--steps N]",
+                          "GRPO policies sequential vs time-sliced) [--layers N] [--steps N] "
+                          "[--threads N] [--workers N] [--cohort N] [--reference-threads N]",
                           RunTrainBench,
                           {"--layers", "28", "--steps", "10"}});
 

@@ -25,6 +25,17 @@ KvCache::SeqId KvCache::AddSequence(int64_t reserve_tokens) {
   return id;
 }
 
+absl::StatusOr<KvCache::SeqId> KvCache::Fork(SeqId seq, int64_t reserve_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no KV sequence ", seq));
+  const int64_t length = it->second.length;
+  at::Tensor kv = Allocate(std::max<int64_t>(length + std::max<int64_t>(reserve_tokens, 0), 16));
+  if (length > 0) kv.narrow(3, 0, length).copy_(it->second.kv.narrow(3, 0, length));
+  const SeqId id = next_id_++;
+  seqs_[id] = Sequence{std::move(kv), length};
+  return id;
+}
+
 absl::Status KvCache::RemoveSequence(SeqId seq) {
   if (seqs_.erase(seq) == 0) return absl::NotFoundError(absl::StrCat("no KV sequence ", seq));
   return absl::OkStatus();

@@ -29,6 +29,9 @@ class KvCache {
 
   // Starts an empty sequence, reserving room for `reserve_tokens` (> 0 avoids regrowth).
   SeqId AddSequence(int64_t reserve_tokens = 0);
+  // Starts a sequence holding a copy of `seq`'s cached tokens (e.g. several samples continuing
+  // one prefilled prompt), with room for `reserve_tokens` more. NotFound for an unknown id.
+  [[nodiscard]] absl::StatusOr<SeqId> Fork(SeqId seq, int64_t reserve_tokens = 0);
   // Frees a sequence's memory. NotFound for an unknown id.
   [[nodiscard]] absl::Status RemoveSequence(SeqId seq);
   // Tokens cached for `seq` (its next token's position). NotFound for an unknown id.

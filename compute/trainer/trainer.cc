@@ -434,27 +434,60 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
   for (const auto& a : built) adapters.push_back(&a);
   auto slot = [&](int policy) { return policy < 0 ? -1 : slot_of[policy]; };
 
+  // Requests of one policy with the same prompt (a GRPO group) share the prompt's prefill: it
+  // runs once, each request samples its first token from those logits (in request order, so
+  // every RNG stream draws as if each had its own prefill), and the requests that continue
+  // fork the prompt's cache.
   model::KvCache cache = model_->NewKvCache();
-  std::vector<model::KvCache::SeqId> seqs;
-  for (const SampleRequest& r : requests) {
-    seqs.push_back(cache.AddSequence(static_cast<int64_t>(r.prompt.size()) + r.max_tokens));
+  std::map<std::pair<int, std::vector<int64_t>>, size_t> prefix_index;
+  std::vector<size_t> prefix_of(requests.size()), prefix_first;
+  std::vector<int64_t> prefix_reserve;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SampleRequest& r = requests[i];
+    auto [it, fresh] =
+        prefix_index.emplace(std::make_pair(r.policy, r.prompt), prefix_first.size());
+    if (fresh) {
+      prefix_first.push_back(i);
+      prefix_reserve.push_back(0);
+    }
+    prefix_of[i] = it->second;
+    prefix_reserve[it->second] =
+        std::max(prefix_reserve[it->second], static_cast<int64_t>(r.prompt.size()) + r.max_tokens);
   }
+  std::vector<model::KvCache::SeqId> prefix_seq;
+  for (int64_t reserve : prefix_reserve) prefix_seq.push_back(cache.AddSequence(reserve));
+  std::vector<model::KvCache::SeqId> seqs(requests.size(), -1);
   std::vector<size_t> active(requests.size());
   for (size_t i = 0; i < active.size(); ++i) active[i] = i;
-  // Tokens to feed per active request in the next forward.
-  std::vector<std::vector<int64_t>> feed;
-  for (const SampleRequest& r : requests) feed.push_back(r.prompt);
+  // The token to feed per active request in the next forward (after the prefill).
+  std::vector<int64_t> feed(requests.size(), 0);
 
+  bool prefill = true;
   while (!active.empty()) {
     model::ForwardInput in;
     std::vector<int64_t> ids;
     model::LoraBatch lora;
     lora.adapters = adapters;
-    for (size_t i : active) {
-      ids.insert(ids.end(), feed[i].begin(), feed[i].end());
-      in.seq_lens.push_back(static_cast<int64_t>(feed[i].size()));
-      in.cache_seqs.push_back(seqs[i]);
-      lora.row_slot.insert(lora.row_slot.end(), feed[i].size(), slot(requests[i].policy));
+    // Logits row of each active request.
+    std::vector<size_t> row_of(active.size());
+    if (prefill) {
+      for (size_t u = 0; u < prefix_first.size(); ++u) {
+        const SampleRequest& r = requests[prefix_first[u]];
+        ids.insert(ids.end(), r.prompt.begin(), r.prompt.end());
+        in.seq_lens.push_back(static_cast<int64_t>(r.prompt.size()));
+        in.cache_seqs.push_back(prefix_seq[u]);
+        lora.row_slot.insert(lora.row_slot.end(), r.prompt.size(), slot(r.policy));
+      }
+      for (size_t k = 0; k < active.size(); ++k) row_of[k] = prefix_of[active[k]];
+    } else {
+      for (size_t k = 0; k < active.size(); ++k) {
+        const size_t i = active[k];
+        ids.push_back(feed[i]);
+        in.seq_lens.push_back(1);
+        in.cache_seqs.push_back(seqs[i]);
+        lora.row_slot.push_back(slot(requests[i].policy));
+        row_of[k] = k;
+      }
     }
     in.token_ids = at::from_blob(ids.data(), {static_cast<int64_t>(ids.size())}, at::kLong).clone();
     in.lora = adapters.empty() ? nullptr : &lora;
@@ -466,7 +499,7 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
     for (size_t k = 0; k < active.size(); ++k) {
       const size_t i = active[k];
       const SampleRequest& r = requests[i];
-      const double* row = base + k * vocab;
+      const double* row = base + row_of[k] * vocab;
       double mx = row[0];
       for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, row[v]);
       double z = 0;
@@ -502,9 +535,24 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
       const bool stop =
           std::find(r.stop_tokens.begin(), r.stop_tokens.end(), tok) != r.stop_tokens.end();
       if (!stop && static_cast<int64_t>(res.tokens.size()) < r.max_tokens) {
-        feed[i] = {tok};
+        feed[i] = tok;
         still.push_back(i);
       }
+    }
+    if (prefill) {
+      // Continuing requests take their prompt's cache: the last one of each prompt the
+      // prefilled sequence itself, the others a copy.
+      std::vector<size_t> left(prefix_first.size(), 0);
+      for (size_t i : still) ++left[prefix_of[i]];
+      for (size_t i : still) {
+        const size_t u = prefix_of[i];
+        if (--left[u] == 0) {
+          seqs[i] = prefix_seq[u];
+        } else {
+          LORADB_ASSIGN_OR_RETURN(seqs[i], cache.Fork(prefix_seq[u], requests[i].max_tokens));
+        }
+      }
+      prefill = false;
     }
     active = std::move(still);
   }

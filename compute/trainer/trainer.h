@@ -10,7 +10,11 @@
 //                    share each decode step's batch (KV cache, greedy or temperature sampling).
 //   Snapshot/Restore the complete training state of a policy (checkpoint.h puts it in the store).
 //
-// Not thread-safe: one training loop owns a Trainer. The model must outlive it.
+// Threads: calls that touch disjoint sets of policies (ForwardBackward, OptimStep, Sample,
+// Logprobs, Snapshot, Restore, ExportWeights, rng(), step()) may run at once from different
+// threads (time_slicer.h does); calls that share a policy must not overlap, nor may AddPolicy or
+// SetReference overlap anything. Sampling the base (policy -1) uses one shared RNG: one thread at
+// a time. The model must outlive the trainer.
 #ifndef LORADB_COMPUTE_TRAINER_TRAINER_H_
 #define LORADB_COMPUTE_TRAINER_TRAINER_H_
 
