@@ -23,6 +23,7 @@
 #include "api/c/loradb.h"
 #include "storage/store/store.h"
 #include "storage/tiers/store_tiers.h"
+#include "storage/util/status_macros.h"
 
 struct loradb_store_t {
   std::unique_ptr<loradb::Store> store;
@@ -298,6 +299,27 @@ loradb_status_t FinishRevision(const absl::StatusOr<loradb::RevisionRecord>& rec
   if (!rec.ok()) return Report(rec.status(), errmsg);
   if (out != nullptr) FillRevision(*rec, out);
   return LORADB_OK;
+}
+
+// The prologue the three publish calls share, in this order: the store handle, `policy`, the
+// source string (`source_what` names it in the error; the tensors call passes none), `out`'s
+// struct_size when `out` is given, then `options`. Runs `publish(policy, source, options)` and
+// reports its revision into `out`.
+template <typename Fn>
+loradb_status_t GuardedPublish(loradb_store_t* store, const char* policy, size_t policy_len,
+                               const char* source, size_t source_len, const char* source_what,
+                               const loradb_publish_options_t* options, loradb_revision_info_t* out,
+                               char** errmsg, Fn&& publish) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(src, source, source_len, source_what);
+    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
+    loradb::PublishOptions opts;
+    absl::Status st = ToPublishOptions(options, &opts);
+    if (!st.ok()) return Report(st, errmsg);
+    return FinishRevision(publish(p, src, opts), out, errmsg);
+  });
 }
 
 loradb_status_t ReturnJson(const nlohmann::json& j, char** json, size_t* json_len) {
@@ -674,51 +696,39 @@ loradb_status_t loradb_publish_tensors(loradb_store_t* store, const char* policy
                                        const loradb_tensor_t* tensors, size_t tensor_count,
                                        const loradb_publish_options_t* options,
                                        loradb_revision_info_t* out, char** errmsg) {
-  return Guarded(errmsg, [&]() -> loradb_status_t {
-    LORADB_C_CHECK_STORE(store);
-    LORADB_C_STRING(p, policy, policy_len, "policy");
-    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
-    loradb::PublishOptions opts;
-    absl::Status st = ToPublishOptions(options, &opts);
-    if (!st.ok()) return Report(st, errmsg);
-    std::vector<loradb::TensorView> views;
-    st = ToViews(tensors, tensor_count, "tensors", &views);
-    if (!st.ok()) return Report(st, errmsg);
-    return FinishRevision(store->store->PublishTensors(p, views, opts), out, errmsg);
-  });
+  return GuardedPublish(
+      store, policy, policy_len, nullptr, 0, "source", options, out, errmsg,
+      [&](const std::string& p, const std::string&,
+          const loradb::PublishOptions& opts) -> absl::StatusOr<loradb::RevisionRecord> {
+        std::vector<loradb::TensorView> views;
+        LORADB_RETURN_IF_ERROR(ToViews(tensors, tensor_count, "tensors", &views));
+        return store->store->PublishTensors(p, views, opts);
+      });
 }
 
 loradb_status_t loradb_publish_peft_dir(loradb_store_t* store, const char* policy,
                                         size_t policy_len, const char* dir, size_t dir_len,
                                         const loradb_publish_options_t* options,
                                         loradb_revision_info_t* out, char** errmsg) {
-  return Guarded(errmsg, [&]() -> loradb_status_t {
-    LORADB_C_CHECK_STORE(store);
-    LORADB_C_STRING(p, policy, policy_len, "policy");
-    LORADB_C_STRING(d, dir, dir_len, "dir");
-    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
-    loradb::PublishOptions opts;
-    absl::Status st = ToPublishOptions(options, &opts);
-    if (!st.ok()) return Report(st, errmsg);
-    opts.lora = loradb::LoraSettings();
-    return FinishRevision(store->store->PublishPeftDir(p, d, opts), out, errmsg);
-  });
+  return GuardedPublish(store, policy, policy_len, dir, dir_len, "dir", options, out, errmsg,
+                        [&](const std::string& p, const std::string& d,
+                            loradb::PublishOptions opts) -> absl::StatusOr<loradb::RevisionRecord> {
+                          // The LoRA settings come from the directory's adapter_config.json.
+                          opts.lora = loradb::LoraSettings();
+                          return store->store->PublishPeftDir(p, d, opts);
+                        });
 }
 
 loradb_status_t loradb_publish_safetensors(loradb_store_t* store, const char* policy,
                                            size_t policy_len, const char* path, size_t path_len,
                                            const loradb_publish_options_t* options,
                                            loradb_revision_info_t* out, char** errmsg) {
-  return Guarded(errmsg, [&]() -> loradb_status_t {
-    LORADB_C_CHECK_STORE(store);
-    LORADB_C_STRING(p, policy, policy_len, "policy");
-    LORADB_C_STRING(f, path, path_len, "path");
-    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
-    loradb::PublishOptions opts;
-    absl::Status st = ToPublishOptions(options, &opts);
-    if (!st.ok()) return Report(st, errmsg);
-    return FinishRevision(store->store->PublishSafetensors(p, f, opts), out, errmsg);
-  });
+  return GuardedPublish(
+      store, policy, policy_len, path, path_len, "path", options, out, errmsg,
+      [&](const std::string& p, const std::string& f,
+          const loradb::PublishOptions& opts) -> absl::StatusOr<loradb::RevisionRecord> {
+        return store->store->PublishSafetensors(p, f, opts);
+      });
 }
 
 // ---- revisions
