@@ -14,12 +14,23 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "storage/formats/tensor.h"
+#include "storage/store/store.h"
 
 extern char** environ;
 
 namespace loradb::testing {
+
+// Adds base "b" (one module, `layers.0.self_attn.q_proj`: in 16, out 32, what MakeQProjTensors
+// fits) and `policy` on it.
+inline absl::Status AddQProjBaseAndPolicy(Store& store, const std::string& policy) {
+  auto base = store.AddBaseFromModuleTable(
+      "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})");
+  if (!base.ok()) return base.status();
+  return store.CreatePolicy(policy, "b").status();
+}
 
 // Two F32 tensors for `layers.0.self_attn.q_proj` (in 16, out 32) at rank 4, filled from `seed`
 // into `a` and `b`, which the views point into.

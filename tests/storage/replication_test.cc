@@ -55,11 +55,8 @@ constexpr char kPolicy[] = "repl/p";
   auto store = Store::Open(dir);
   if (!store.ok()) Die(3, store.status());
   if (!(*store)->GetPolicy(kPolicy).ok()) {
-    auto base = (*store)->AddBaseFromModuleTable(
-        "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})");
-    if (!base.ok()) Die(3, base.status());
-    auto pol = (*store)->CreatePolicy(kPolicy, "b");
-    if (!pol.ok()) Die(3, pol.status());
+    absl::Status st = testing::AddQProjBaseAndPolicy(**store, kPolicy);
+    if (!st.ok()) Die(3, st);
   }
   auto catalog = Catalog::Open((*store)->dir());
   if (!catalog.ok()) Die(3, catalog.status());
@@ -235,12 +232,7 @@ TEST(ReplicationTest, PublishFollowRefreshAndReadOnly) {
   {
     auto store = Store::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
-    ASSERT_TRUE(
-        (*store)
-            ->AddBaseFromModuleTable(
-                "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})")
-            .ok());
-    ASSERT_TRUE((*store)->CreatePolicy(kPolicy, "b").ok());
+    ASSERT_TRUE(testing::AddQProjBaseAndPolicy(**store, kPolicy).ok());
     auto catalog = Catalog::Open(dir);
     ASSERT_TRUE(catalog.ok());
     const std::string root = ReplicaRootFor(dir);

@@ -131,12 +131,7 @@ void CrashLoop(int kills) {
   {
     auto store = Store::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
-    ASSERT_TRUE(
-        (*store)
-            ->AddBaseFromModuleTable(
-                "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})")
-            .ok());
-    ASSERT_TRUE((*store)->CreatePolicy(kPolicy, "b").ok());
+    ASSERT_TRUE(testing::AddQProjBaseAndPolicy(**store, kPolicy).ok());
   }
   std::mt19937 rng(12345);
   std::vector<uint64_t> acked;
