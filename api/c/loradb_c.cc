@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,7 +20,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "api/c/loradb.h"
 #include "storage/store/store.h"
 #include "storage/tiers/store_tiers.h"
@@ -62,25 +62,27 @@ namespace {
 using loradb::Store;
 
 // Live handles of every kind; a destroyed handle is removed, so a stale copy is detected
-// (unless the allocator reused the address for a new handle of the same kind).
+// (unless the allocator reused the address for a new handle of the same kind). The lock is a
+// std::mutex, not absl::Mutex: Debian's Abseil is not built with ThreadSanitizer, which would
+// then report every access to `live_` as a race (tools/dev test --tsan).
 class HandleRegistry {
  public:
   void Add(const void* p) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     live_.insert(p);
   }
   bool Remove(const void* p) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return live_.erase(p) == 1;
   }
   bool Contains(const void* p) const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return live_.contains(p);
   }
 
  private:
-  mutable absl::Mutex mu_;
-  absl::flat_hash_set<const void*> live_ ABSL_GUARDED_BY(mu_);
+  mutable std::mutex mu_;
+  absl::flat_hash_set<const void*> live_;  // guarded by mu_
 };
 
 HandleRegistry& Registry() {
