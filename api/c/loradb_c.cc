@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -195,9 +196,21 @@ bool ToString(const char* p, size_t len, std::string* out) {
     }                                                                                          \
   } while (0)
 
-bool ToDType(loradb_dtype_t in, loradb::DType* out) {
-  if (static_cast<int>(in) < 0 || static_cast<int>(in) > LORADB_DTYPE_F8_E5M2) return false;
-  *out = static_cast<loradb::DType>(static_cast<int>(in));
+// The integer a C caller stored in an enum-typed value. C allows any int there; in C++ loading
+// an enum lvalue outside the enumeration's range is undefined (UBSan: "not a valid value for
+// type"), so the bytes are read as the underlying integer and compared as such.
+template <typename E>
+int64_t RawEnum(const E& e) {
+  std::underlying_type_t<E> v;
+  static_assert(sizeof(v) == sizeof(E));
+  std::memcpy(&v, &e, sizeof(v));
+  return static_cast<int64_t>(v);
+}
+
+bool ToDType(const loradb_dtype_t& in, loradb::DType* out) {
+  const int64_t v = RawEnum(in);
+  if (v < 0 || v > LORADB_DTYPE_F8_E5M2) return false;
+  *out = static_cast<loradb::DType>(v);
   return true;
 }
 
@@ -354,7 +367,7 @@ extern "C" {
 const char* loradb_version(void) { return "0.1.0"; }
 
 const char* loradb_status_name(loradb_status_t status) {
-  switch (status) {
+  switch (RawEnum(status)) {
     case LORADB_OK:
       return "LORADB_OK";
     case LORADB_INVALID_ARGUMENT:
@@ -473,7 +486,7 @@ loradb_status_t loradb_options_set_loader(loradb_options_t* options, loradb_load
     return LORADB_INVALID_ARGUMENT;
   }
   loradb::tiers::LoaderBackend backend;
-  switch (static_cast<int>(loader)) {
+  switch (RawEnum(loader)) {
     case LORADB_LOADER_AUTO:
       backend = loradb::tiers::LoaderBackend::kAuto;
       break;
@@ -498,7 +511,7 @@ loradb_status_t loradb_options_set_device(loradb_options_t* options, loradb_devi
   if (options == nullptr) return LORADB_INVALID_ARGUMENT;
   if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
   loradb::tiers::DeviceKind kind;
-  switch (static_cast<int>(device)) {
+  switch (RawEnum(device)) {
     case LORADB_DEVICE_NONE:
       kind = loradb::tiers::DeviceKind::kNone;
       break;
@@ -1213,11 +1226,12 @@ loradb_status_t loradb_evict(loradb_store_t* store, uint64_t revision, loradb_ti
                              char** errmsg) {
   return Guarded(errmsg, [&]() -> loradb_status_t {
     LORADB_C_CHECK_STORE(store);
-    if (tier != LORADB_TIER_CPU && tier != LORADB_TIER_GPU) {
+    const int64_t t = RawEnum(tier);
+    if (t != LORADB_TIER_CPU && t != LORADB_TIER_GPU) {
       return Fail(LORADB_INVALID_ARGUMENT, "evict from LORADB_TIER_CPU or LORADB_TIER_GPU", errmsg);
     }
     LORADB_C_CHECK_TIERS(store);
-    if (tier == LORADB_TIER_CPU) return Report(store->tiers->cpu().Evict(revision), errmsg);
+    if (t == LORADB_TIER_CPU) return Report(store->tiers->cpu().Evict(revision), errmsg);
     loradb::tiers::DeviceSlots* device = store->tiers->device();
     if (device == nullptr) {
       return Fail(LORADB_UNAVAILABLE, "the store was opened without a device tier", errmsg);
