@@ -9,20 +9,22 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "api/c/loradb.h"
 #include "storage/store/store.h"
 #include "storage/tiers/store_tiers.h"
+#include "storage/util/status_macros.h"
 
 struct loradb_store_t {
   std::unique_ptr<loradb::Store> store;
@@ -61,25 +63,27 @@ namespace {
 using loradb::Store;
 
 // Live handles of every kind; a destroyed handle is removed, so a stale copy is detected
-// (unless the allocator reused the address for a new handle of the same kind).
+// (unless the allocator reused the address for a new handle of the same kind). The lock is a
+// std::mutex, not absl::Mutex: Debian's Abseil is not built with ThreadSanitizer, which would
+// then report every access to `live_` as a race (tools/dev test --tsan).
 class HandleRegistry {
  public:
   void Add(const void* p) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     live_.insert(p);
   }
   bool Remove(const void* p) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return live_.erase(p) == 1;
   }
   bool Contains(const void* p) const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return live_.contains(p);
   }
 
  private:
-  mutable absl::Mutex mu_;
-  absl::flat_hash_set<const void*> live_ ABSL_GUARDED_BY(mu_);
+  mutable std::mutex mu_;
+  absl::flat_hash_set<const void*> live_;  // guarded by mu_
 };
 
 HandleRegistry& Registry() {
@@ -192,9 +196,21 @@ bool ToString(const char* p, size_t len, std::string* out) {
     }                                                                                          \
   } while (0)
 
-bool ToDType(loradb_dtype_t in, loradb::DType* out) {
-  if (static_cast<int>(in) < 0 || static_cast<int>(in) > LORADB_DTYPE_F8_E5M2) return false;
-  *out = static_cast<loradb::DType>(static_cast<int>(in));
+// The integer a C caller stored in an enum-typed value. C allows any int there; in C++ loading
+// an enum lvalue outside the enumeration's range is undefined (UBSan: "not a valid value for
+// type"), so the bytes are read as the underlying integer and compared as such.
+template <typename E>
+int64_t RawEnum(const E& e) {
+  std::underlying_type_t<E> v;
+  static_assert(sizeof(v) == sizeof(E));
+  std::memcpy(&v, &e, sizeof(v));
+  return static_cast<int64_t>(v);
+}
+
+bool ToDType(const loradb_dtype_t& in, loradb::DType* out) {
+  const int64_t v = RawEnum(in);
+  if (v < 0 || v > LORADB_DTYPE_F8_E5M2) return false;
+  *out = static_cast<loradb::DType>(v);
   return true;
 }
 
@@ -300,6 +316,27 @@ loradb_status_t FinishRevision(const absl::StatusOr<loradb::RevisionRecord>& rec
   return LORADB_OK;
 }
 
+// The prologue the three publish calls share, in this order: the store handle, `policy`, the
+// source string (`source_what` names it in the error; the tensors call passes none), `out`'s
+// struct_size when `out` is given, then `options`. Runs `publish(policy, source, options)` and
+// reports its revision into `out`.
+template <typename Fn>
+loradb_status_t GuardedPublish(loradb_store_t* store, const char* policy, size_t policy_len,
+                               const char* source, size_t source_len, const char* source_what,
+                               const loradb_publish_options_t* options, loradb_revision_info_t* out,
+                               char** errmsg, Fn&& publish) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    LORADB_C_CHECK_STORE(store);
+    LORADB_C_STRING(p, policy, policy_len, "policy");
+    LORADB_C_STRING(src, source, source_len, source_what);
+    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
+    loradb::PublishOptions opts;
+    absl::Status st = ToPublishOptions(options, &opts);
+    if (!st.ok()) return Report(st, errmsg);
+    return FinishRevision(publish(p, src, opts), out, errmsg);
+  });
+}
+
 loradb_status_t ReturnJson(const nlohmann::json& j, char** json, size_t* json_len) {
   std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   *json = CopyString(text);
@@ -330,7 +367,7 @@ extern "C" {
 const char* loradb_version(void) { return "0.1.0"; }
 
 const char* loradb_status_name(loradb_status_t status) {
-  switch (status) {
+  switch (RawEnum(status)) {
     case LORADB_OK:
       return "LORADB_OK";
     case LORADB_INVALID_ARGUMENT:
@@ -449,7 +486,7 @@ loradb_status_t loradb_options_set_loader(loradb_options_t* options, loradb_load
     return LORADB_INVALID_ARGUMENT;
   }
   loradb::tiers::LoaderBackend backend;
-  switch (static_cast<int>(loader)) {
+  switch (RawEnum(loader)) {
     case LORADB_LOADER_AUTO:
       backend = loradb::tiers::LoaderBackend::kAuto;
       break;
@@ -474,7 +511,7 @@ loradb_status_t loradb_options_set_device(loradb_options_t* options, loradb_devi
   if (options == nullptr) return LORADB_INVALID_ARGUMENT;
   if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
   loradb::tiers::DeviceKind kind;
-  switch (static_cast<int>(device)) {
+  switch (RawEnum(device)) {
     case LORADB_DEVICE_NONE:
       kind = loradb::tiers::DeviceKind::kNone;
       break;
@@ -674,51 +711,39 @@ loradb_status_t loradb_publish_tensors(loradb_store_t* store, const char* policy
                                        const loradb_tensor_t* tensors, size_t tensor_count,
                                        const loradb_publish_options_t* options,
                                        loradb_revision_info_t* out, char** errmsg) {
-  return Guarded(errmsg, [&]() -> loradb_status_t {
-    LORADB_C_CHECK_STORE(store);
-    LORADB_C_STRING(p, policy, policy_len, "policy");
-    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
-    loradb::PublishOptions opts;
-    absl::Status st = ToPublishOptions(options, &opts);
-    if (!st.ok()) return Report(st, errmsg);
-    std::vector<loradb::TensorView> views;
-    st = ToViews(tensors, tensor_count, "tensors", &views);
-    if (!st.ok()) return Report(st, errmsg);
-    return FinishRevision(store->store->PublishTensors(p, views, opts), out, errmsg);
-  });
+  return GuardedPublish(
+      store, policy, policy_len, nullptr, 0, "source", options, out, errmsg,
+      [&](const std::string& p, const std::string&,
+          const loradb::PublishOptions& opts) -> absl::StatusOr<loradb::RevisionRecord> {
+        std::vector<loradb::TensorView> views;
+        LORADB_RETURN_IF_ERROR(ToViews(tensors, tensor_count, "tensors", &views));
+        return store->store->PublishTensors(p, views, opts);
+      });
 }
 
 loradb_status_t loradb_publish_peft_dir(loradb_store_t* store, const char* policy,
                                         size_t policy_len, const char* dir, size_t dir_len,
                                         const loradb_publish_options_t* options,
                                         loradb_revision_info_t* out, char** errmsg) {
-  return Guarded(errmsg, [&]() -> loradb_status_t {
-    LORADB_C_CHECK_STORE(store);
-    LORADB_C_STRING(p, policy, policy_len, "policy");
-    LORADB_C_STRING(d, dir, dir_len, "dir");
-    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
-    loradb::PublishOptions opts;
-    absl::Status st = ToPublishOptions(options, &opts);
-    if (!st.ok()) return Report(st, errmsg);
-    opts.lora = loradb::LoraSettings();
-    return FinishRevision(store->store->PublishPeftDir(p, d, opts), out, errmsg);
-  });
+  return GuardedPublish(store, policy, policy_len, dir, dir_len, "dir", options, out, errmsg,
+                        [&](const std::string& p, const std::string& d,
+                            loradb::PublishOptions opts) -> absl::StatusOr<loradb::RevisionRecord> {
+                          // The LoRA settings come from the directory's adapter_config.json.
+                          opts.lora = loradb::LoraSettings();
+                          return store->store->PublishPeftDir(p, d, opts);
+                        });
 }
 
 loradb_status_t loradb_publish_safetensors(loradb_store_t* store, const char* policy,
                                            size_t policy_len, const char* path, size_t path_len,
                                            const loradb_publish_options_t* options,
                                            loradb_revision_info_t* out, char** errmsg) {
-  return Guarded(errmsg, [&]() -> loradb_status_t {
-    LORADB_C_CHECK_STORE(store);
-    LORADB_C_STRING(p, policy, policy_len, "policy");
-    LORADB_C_STRING(f, path, path_len, "path");
-    if (out != nullptr) LORADB_C_CHECK_STRUCT(out, loradb_revision_info_t);
-    loradb::PublishOptions opts;
-    absl::Status st = ToPublishOptions(options, &opts);
-    if (!st.ok()) return Report(st, errmsg);
-    return FinishRevision(store->store->PublishSafetensors(p, f, opts), out, errmsg);
-  });
+  return GuardedPublish(
+      store, policy, policy_len, path, path_len, "path", options, out, errmsg,
+      [&](const std::string& p, const std::string& f,
+          const loradb::PublishOptions& opts) -> absl::StatusOr<loradb::RevisionRecord> {
+        return store->store->PublishSafetensors(p, f, opts);
+      });
 }
 
 // ---- revisions
@@ -1201,11 +1226,12 @@ loradb_status_t loradb_evict(loradb_store_t* store, uint64_t revision, loradb_ti
                              char** errmsg) {
   return Guarded(errmsg, [&]() -> loradb_status_t {
     LORADB_C_CHECK_STORE(store);
-    if (tier != LORADB_TIER_CPU && tier != LORADB_TIER_GPU) {
+    const int64_t t = RawEnum(tier);
+    if (t != LORADB_TIER_CPU && t != LORADB_TIER_GPU) {
       return Fail(LORADB_INVALID_ARGUMENT, "evict from LORADB_TIER_CPU or LORADB_TIER_GPU", errmsg);
     }
     LORADB_C_CHECK_TIERS(store);
-    if (tier == LORADB_TIER_CPU) return Report(store->tiers->cpu().Evict(revision), errmsg);
+    if (t == LORADB_TIER_CPU) return Report(store->tiers->cpu().Evict(revision), errmsg);
     loradb::tiers::DeviceSlots* device = store->tiers->device();
     if (device == nullptr) {
       return Fail(LORADB_UNAVAILABLE, "the store was opened without a device tier", errmsg);

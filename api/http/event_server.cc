@@ -189,8 +189,26 @@ struct EventServer::Job {
   bool close;
 };
 
+// Threads answering jobs off the loops; each connection has at most one job queued or running,
+// so the queue is bounded by the connection limit.
+struct EventServer::Pool {
+  int size = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<Job>> jobs;
+  bool stop = false;
+  std::vector<std::thread> threads;
+};
+
 EventServer::EventServer(EventServerOptions options, HttpMetrics* metrics, RequestHandler handler)
-    : options_(options), metrics_(metrics), handler_(std::move(handler)) {}
+    : options_(options),
+      metrics_(metrics),
+      handler_(std::move(handler)),
+      handlers_(std::make_unique<Pool>()),
+      readers_(std::make_unique<Pool>()) {
+  handlers_->size = std::max(1, options_.handler_threads);
+  readers_->size = options_.blocking ? std::max(0, options_.blocking_threads) : 0;
+}
 
 EventServer::~EventServer() {
   for (auto& loop : loops_) {
@@ -270,8 +288,9 @@ absl::StatusOr<std::unique_ptr<EventServer>> EventServer::Bind(const std::string
 }
 
 void EventServer::Run() {
-  for (int i = 0; i < std::max(1, options_.handler_threads); ++i) {
-    handlers_.emplace_back([this] { HandlerMain(); });
+  for (Pool* pool : {handlers_.get(), readers_.get()}) {
+    for (int i = 0; i < pool->size; ++i)
+      pool->threads.emplace_back([this, pool] { PoolMain(pool); });
   }
   std::vector<std::thread> threads;
   for (size_t i = 1; i < loops_.size(); ++i) {
@@ -279,25 +298,37 @@ void EventServer::Run() {
   }
   LoopMain(loops_[0].get());
   for (auto& t : threads) t.join();
-  {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
-    jobs_stop_ = true;
-    jobs_.clear();  // their connections are closed
+  for (Pool* pool : {handlers_.get(), readers_.get()}) {
+    {
+      std::lock_guard<std::mutex> lock(pool->mu);
+      pool->stop = true;
+      pool->jobs.clear();  // their connections are closed
+    }
+    pool->cv.notify_all();
+    for (auto& t : pool->threads) t.join();
+    pool->threads.clear();
   }
-  jobs_cv_.notify_all();
-  for (auto& t : handlers_) t.join();
-  handlers_.clear();
 }
 
-void EventServer::HandlerMain() {
+void EventServer::Submit(Pool* pool, Loop* loop, Conn* c, HttpRequest req, bool head, bool close) {
+  c->busy = true;
+  auto job = std::make_unique<Job>(Job{loop, c->fd, c->id, std::move(req), head, close});
+  {
+    std::lock_guard<std::mutex> lock(pool->mu);
+    pool->jobs.push_back(std::move(job));
+  }
+  pool->cv.notify_one();
+}
+
+void EventServer::PoolMain(Pool* pool) {
   for (;;) {
     std::unique_ptr<Job> job;
     {
-      std::unique_lock<std::mutex> lock(jobs_mu_);
-      jobs_cv_.wait(lock, [&] { return jobs_stop_ || !jobs_.empty(); });
-      if (jobs_stop_) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
+      std::unique_lock<std::mutex> lock(pool->mu);
+      pool->cv.wait(lock, [&] { return pool->stop || !pool->jobs.empty(); });
+      if (pool->stop) return;
+      job = std::move(pool->jobs.front());
+      pool->jobs.pop_front();
     }
     Reply reply = handler_(job->request);
     Loop* loop = job->loop;
@@ -717,14 +748,11 @@ bool EventServer::Process(Loop* loop, Conn* c) {
       metrics_->Observe("unmatched", req.method, 503, 0);
     } else if (req.method != "GET" && req.method != "HEAD") {
       // Mutating: a handler thread answers; Complete() writes the reply.
-      c->busy = true;
-      auto job =
-          std::make_unique<Job>(Job{loop, c->fd, c->id, std::move(req), /*head=*/false, close});
-      {
-        std::lock_guard<std::mutex> lock(jobs_mu_);
-        jobs_.push_back(std::move(job));
-      }
-      jobs_cv_.notify_one();
+      Submit(handlers_.get(), loop, c, std::move(req), /*head=*/false, close);
+      return true;
+    } else if (readers_->size > 0 && options_.blocking(req)) {
+      // A read that may block in file I/O: a reader thread answers, the loop serves the rest.
+      Submit(readers_.get(), loop, c, std::move(req), head_only, close);
       return true;
     } else {
       reply = handler_(req);

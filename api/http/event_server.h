@@ -3,7 +3,9 @@
 // (EPOLLEXCLUSIVE), keep-alive; reads (GET/HEAD) are answered on the loop thread, mutating
 // requests on a pool of handler threads whose replies the loop writes. On a machine
 // with few cores this keeps the read tail short where one thread per connection made 64
-// connections queue behind the scheduler.
+// connections queue behind the scheduler. GETs that may block in file I/O (the `blocking`
+// predicate, e.g. a route that reads a blob) run on a small pool of their own, so one slow disk
+// read never stalls the other connections of its loop.
 //
 // Limits (all enforced without blocking a thread): header bytes (431), body bytes (413, checked
 // against Content-Length before the body is read), chunked bodies refused unread (411), open
@@ -49,8 +51,8 @@ struct HttpRequest {
   std::string body;
 };
 
-// Answers one request on the loop thread. A reply header "Connection: close" closes the
-// connection after the response.
+// Answers one request (on a loop thread for reads, on a pool thread for mutating requests and
+// blocking reads). A reply header "Connection: close" closes the connection after the response.
 using RequestHandler = std::function<Reply(HttpRequest& request)>;
 
 struct EventServerOptions {
@@ -58,6 +60,11 @@ struct EventServerOptions {
   // Mutating requests (any method but GET/HEAD: durable commits, adapter loads) run on this many
   // handler threads so they never stall the reads served on the loop threads.
   int handler_threads = 64;
+  // GETs/HEADs for which `blocking` returns true (called on the loop thread: keep it cheap) run
+  // on `blocking_threads` pool threads, whose replies the loop writes. 0 threads, or no
+  // predicate: every read is answered on the loop.
+  int blocking_threads = 4;
+  std::function<bool(const HttpRequest&)> blocking;
   size_t max_connections = 128;
   size_t max_header_bytes = 16 << 10;
   size_t max_body_bytes = 1 << 20;
@@ -112,8 +119,12 @@ class EventServer {
   bool FailAndLinger(Loop* loop, Conn* c, const Reply& reply);
   void Close(Loop* loop, Conn* c);
   void CheckDeadlines(Loop* loop);
-  void HandlerMain();
-  // Writes the replies the handler threads finished for `loop`'s connections.
+  struct Job;
+  struct Pool;
+  // Hands `c`'s request to `pool` (c is busy until Complete writes the reply).
+  void Submit(Pool* pool, Loop* loop, Conn* c, HttpRequest req, bool head, bool close);
+  void PoolMain(Pool* pool);
+  // Writes the replies the pool threads finished for `loop`'s connections.
   void Complete(Loop* loop);
 
   const EventServerOptions options_;
@@ -128,12 +139,9 @@ class EventServer {
   std::atomic<size_t> rejected_{0};  // connections being turned away
   std::atomic<uint64_t> next_conn_id_{1};
 
-  struct Job;
-  std::mutex jobs_mu_;
-  std::condition_variable jobs_cv_;
-  std::deque<std::unique_ptr<Job>> jobs_;
-  bool jobs_stop_ = false;
-  std::vector<std::thread> handlers_;
+  // Mutating requests; blocking reads.
+  std::unique_ptr<Pool> handlers_;
+  std::unique_ptr<Pool> readers_;
 };
 
 }  // namespace loradb::http

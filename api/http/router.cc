@@ -103,8 +103,33 @@ absl::Status Router::Add(Route route) {
       return absl::AlreadyExistsError(absl::StrCat("duplicate route ", route.pattern));
     }
   }
+  if (route.blocking) {
+    if (route.method != "GET") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("only GET routes can be blocking reads: ", route.pattern));
+    }
+    blocking_patterns_.push_back(PatternSegments(route.pattern));
+  }
   routes_.push_back(std::move(route));
   return absl::OkStatus();
+}
+
+bool Router::MayBlock(const std::string& target) const {
+  if (blocking_patterns_.empty()) return false;
+  absl::string_view path(target);
+  size_t q = path.find('?');
+  if (q != absl::string_view::npos) path = path.substr(0, q);
+  if (path.empty() || path[0] != '/') return false;
+  std::vector<absl::string_view> raw = absl::StrSplit(path.substr(1), '/');
+  for (const std::vector<std::string>& pat : blocking_patterns_) {
+    if (pat.size() != raw.size()) continue;
+    bool ok = true;
+    for (size_t i = 0; i < pat.size() && ok; ++i) {
+      ok = IsParam(pat[i]) ? !raw[i].empty() : raw[i] == pat[i];
+    }
+    if (ok) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<Match> Router::Resolve(const std::string& method, const std::string& target) const {

@@ -60,6 +60,9 @@ struct Route {
   nlohmann::json operation;
   // Path parameters that are integers (OpenAPI type integer), e.g. {"id"}.
   std::vector<std::string> integer_params;
+  // A GET that may block in file I/O (e.g. reads a blob): the event-loop engine answers it on
+  // its blocking-read pool instead of the loop thread (see MayBlock).
+  bool blocking = false;
 };
 
 // Builds a Route (aggregate initialisation would need every field spelled out).
@@ -92,6 +95,12 @@ class Router {
 
   const std::vector<Route>& routes() const { return routes_; }
 
+  // True when `target` (raw path + optional query) has the shape of a GET route marked
+  // `blocking`: literal segments equal, parameters non-empty (not decoded or validated; the
+  // handler's Resolve does that). Cheap when no route is blocking; thread-safe once routes are
+  // no longer added.
+  bool MayBlock(const std::string& target) const;
+
   // Documents every path parameter called `name` with `schema` and an `example` value.
   void SetParamSchema(const std::string& name, nlohmann::json schema, nlohmann::json example);
 
@@ -103,6 +112,7 @@ class Router {
 
  private:
   std::vector<Route> routes_;
+  std::vector<std::vector<std::string>> blocking_patterns_;  // segments of blocking GET routes
   nlohmann::json schemas_ = nlohmann::json::object();
   std::map<std::string, std::pair<nlohmann::json, nlohmann::json>> param_schemas_;
 };

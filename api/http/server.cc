@@ -208,8 +208,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     return absl::InvalidArgumentError("--auth-reads needs --token-file");
   }
   if (options.worker_threads < 1 || options.max_queued_connections < 1 ||
-      options.handler_threads < 1 || options.event_threads < 0 || options.reject_threads < 1 ||
-      options.read_timeout_ms < 1 || options.write_timeout_ms < 1 || options.max_body_bytes < 1) {
+      options.handler_threads < 1 || options.event_threads < 0 || options.blocking_threads < 0 ||
+      options.reject_threads < 1 || options.read_timeout_ms < 1 || options.write_timeout_ms < 1 ||
+      options.max_body_bytes < 1) {
     return absl::InvalidArgumentError("server limits must be positive");
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
@@ -324,6 +325,9 @@ absl::Status Server::BindEventLoop() {
                    ? options_.event_threads
                    : static_cast<int>(std::clamp<unsigned>(hw == 0 ? 2 : hw, 2, 8));
   eo.handler_threads = options_.handler_threads;
+  eo.blocking_threads = options_.blocking_threads;
+  // Routes may still be added until Serve; MayBlock reads the table only once serving.
+  eo.blocking = [this](const HttpRequest& req) { return router_.MayBlock(req.target); };
   eo.max_connections = static_cast<size_t>(options_.worker_threads) +
                        static_cast<size_t>(options_.max_queued_connections);
   eo.max_header_bytes = options_.max_header_bytes;

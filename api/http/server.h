@@ -37,6 +37,9 @@ struct ServerOptions {
   // loops. They block in I/O, and concurrent catalog commits overlap (alias moves under 64
   // connections: ~190 req/s with 4, ~850 with 64; see BENCHMARKS.md), so there are many.
   int handler_threads = 64;
+  // kEventLoop: threads answering the GETs of routes marked `blocking` (blob reads) off the
+  // loops, so a slow disk read never stalls the other connections of a loop. 0: on the loops.
+  int blocking_threads = 4;
   std::string host = "127.0.0.1";
   int port = 8080;  // 0 picks an ephemeral port (see Server::port()).
   // Bearer token for mutating calls (and reads with auth_reads). Empty: no token configured, so

@@ -536,7 +536,8 @@ absl::Status AddStoreRoutes(std::shared_ptr<Store> store, Server* server) {
                         {"shape", ArrayOf({{"type", "integer"}})},
                         {"bytes", {{"type", "integer"}, {"minimum", 0}}}},
                        {"name", "dtype", "shape", "bytes"});
-  LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
+  // Reads (and checksums) the blob: a blocking read, answered off the event loops.
+  Route tensors_route = MakeRoute(
       "GET", "/v1/revisions/{id}/tensors", bind(&StoreApi::RevisionTensors),
       Operation("A revision's tensors (read from its blob, checksums verified)", "revisions",
                 {{"200",
@@ -546,7 +547,9 @@ absl::Status AddStoreRoutes(std::shared_ptr<Store> store, Server* server) {
                                                 {{"revision", {{"type", "integer"}}},
                                                  {"tensors", ArrayOf(tensor)},
                                                  {"total_bytes", {{"type", "integer"}}}}}})}}),
-      {"id"})));
+      {"id"});
+  tensors_route.blocking = true;
+  LORADB_RETURN_IF_ERROR(r->Add(std::move(tensors_route)));
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
       "GET", "/v1/revisions/{id}/tier", bind(&StoreApi::RevisionTier),
       Operation("The tier a revision's bytes are in", "revisions",

@@ -2,6 +2,10 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 #include "schema/catalog_generated.h"
 
@@ -38,21 +42,37 @@ BlobRef DecodeBlobRef(const fb::BlobRef* r) {
   return out;
 }
 
+// A verified root table. When the record's bytes were not 8-byte aligned (LMDB values are only
+// 2-byte aligned), `root` points into an aligned heap copy that lives as long as this object:
+// FlatBuffers reads its scalars in place, and a misaligned load is undefined behaviour (UBSan).
+template <typename T>
+struct VerifiedRoot {
+  const T* root = nullptr;
+  std::unique_ptr<uint64_t[]> aligned_copy;
+  const T* operator->() const { return root; }
+};
+
 // Verifies `b` as a T and checks its layout version.
 template <typename T>
-absl::StatusOr<const T*> Root(Bytes b, const char* what) {
+absl::StatusOr<VerifiedRoot<T>> Root(Bytes b, const char* what) {
+  VerifiedRoot<T> out;
+  if (reinterpret_cast<uintptr_t>(b.data()) % alignof(uint64_t) != 0) {
+    out.aligned_copy = std::make_unique<uint64_t[]>((b.size() + 7) / 8);
+    std::memcpy(out.aligned_copy.get(), b.data(), b.size());
+    b = Bytes(reinterpret_cast<const uint8_t*>(out.aligned_copy.get()), b.size());
+  }
   flatbuffers::Verifier v(b.data(), b.size());
   if (!v.VerifyBuffer<T>(nullptr)) {
     return absl::DataLossError(absl::StrCat("catalog: corrupt ", what, " record (", b.size(),
                                             " bytes fail FlatBuffers verification)"));
   }
-  const T* root = flatbuffers::GetRoot<T>(b.data());
-  if (root->version() > 1) {
+  out.root = flatbuffers::GetRoot<T>(b.data());
+  if (out.root->version() > 1) {
     return absl::FailedPreconditionError(
-        absl::StrCat("catalog: ", what, " record has layout version ", root->version(),
+        absl::StrCat("catalog: ", what, " record has layout version ", out.root->version(),
                      ", newer than this build understands (1); upgrade loradb"));
   }
-  return root;
+  return out;
 }
 
 }  // namespace
@@ -79,7 +99,7 @@ std::string EncodeBase(const BaseRecord& r) {
 absl::StatusOr<BaseRecord> DecodeBase(Bytes bytes) {
   auto root = Root<fb::Base>(bytes, "base");
   if (!root.ok()) return root.status();
-  const fb::Base* b = *root;
+  const fb::Base* b = root->root;
   BaseRecord r;
   r.name = Str(b->name());
   if (const auto* a = b->arch()) {
@@ -124,7 +144,7 @@ std::string EncodePolicy(const PolicyRecord& r) {
 absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes) {
   auto root = Root<fb::Policy>(bytes, "policy");
   if (!root.ok()) return root.status();
-  const fb::Policy* p = *root;
+  const fb::Policy* p = root->root;
   PolicyRecord r;
   r.id = p->id();
   r.name = Str(p->name());
@@ -175,7 +195,7 @@ std::string EncodeRevision(const RevisionRecord& r) {
 absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes) {
   auto root = Root<fb::Revision>(bytes, "revision");
   if (!root.ok()) return root.status();
-  const fb::Revision* v = *root;
+  const fb::Revision* v = root->root;
   RevisionRecord r;
   r.id = v->id();
   r.policy_id = v->policy_id();
@@ -257,7 +277,7 @@ std::string EncodeCheckpoint(const CheckpointRecord& r) {
 absl::StatusOr<CheckpointRecord> DecodeCheckpoint(Bytes bytes) {
   auto root = Root<fb::Checkpoint>(bytes, "checkpoint");
   if (!root.ok()) return root.status();
-  const fb::Checkpoint* c = *root;
+  const fb::Checkpoint* c = root->root;
   CheckpointRecord r;
   r.id = c->id();
   r.policy_id = c->policy_id();

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -60,12 +61,25 @@ class EventServerTest : public ::testing::Test {
                                     },
                                     {}))
                     .ok());
+    // A read marked blocking (like a blob read): waits until the test releases it.
+    Route slow = MakeRoute("GET", "/slow/{n}",
+                           [this](const Call& c) -> absl::StatusOr<Reply> {
+                             if (!slow_started_once_.exchange(true)) slow_started_.set_value();
+                             const bool released =
+                                 slow_release_.wait_for(std::chrono::seconds(60)) ==
+                                 std::future_status::ready;
+                             return Reply::Json({{"n", c.Param("n")}, {"released", released}});
+                           },
+                           {});
+    slow.blocking = true;
+    ASSERT_TRUE(server_->router()->Add(std::move(slow)).ok());
     ASSERT_TRUE(server_->Bind().ok());
     thread_ = std::thread([this] { serve_status_ = server_->Serve(); });
   }
 
   void TearDown() override {
     if (!unblocked_) unblock_.set_value();  // a failed test must not leave a handler waiting
+    ReleaseSlow();
     if (server_ != nullptr) {
       server_->Shutdown();
       thread_.join();
@@ -129,8 +143,18 @@ class EventServerTest : public ::testing::Test {
     }
   }
 
+  void ReleaseSlow() {
+    if (!slow_released_) slow_release_promise_.set_value();
+    slow_released_ = true;
+  }
+
   std::promise<void> unblock_;
   bool unblocked_ = false;
+  std::promise<void> slow_started_;  // set by the first /slow call
+  std::atomic<bool> slow_started_once_{false};
+  std::promise<void> slow_release_promise_;
+  std::shared_future<void> slow_release_ = slow_release_promise_.get_future().share();
+  bool slow_released_ = false;
   std::unique_ptr<Server> server_;
   std::thread thread_;
   absl::Status serve_status_;
@@ -311,6 +335,57 @@ TEST_F(EventServerTest, AMutatingCallInProgressDoesNotStallReads) {
   EXPECT_TRUE(absl::StrContains(r, R"({"unblocked":true})")) << r;
   ::close(writer);
   ::close(reader);
+}
+
+TEST_F(EventServerTest, ABlockingReadDoesNotStallItsLoop) {
+  ServerOptions o;
+  o.event_threads = 1;  // one loop: a blob read on it would stall every connection
+  Start(o);
+  std::future<void> started = slow_started_.get_future();
+  int slow = Connect();
+  int reader = Connect();
+  Send(slow, "GET /slow/7 HTTP/1.1\r\n\r\n");
+  // Bounded only so that a broken server fails the test instead of hanging it.
+  ASSERT_EQ(started.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  // The slow read's handler is running (and waits for the release); the same loop answers
+  // other requests on another connection meanwhile.
+  for (int i = 0; i < 3; ++i) {
+    Send(reader, "GET /echo?i=1 HTTP/1.1\r\n\r\n");
+    std::string r = ReadResponses(reader, 1);
+    EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
+  }
+  ReleaseSlow();
+  std::string r = ReadResponses(slow, 1);
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
+  EXPECT_TRUE(absl::StrContains(r, R"({"n":"7","released":true})")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Connection: keep-alive")) << r;
+  // HEAD on the blocking route: answered by the pool too, head only; the connection goes on.
+  Send(slow, "HEAD /slow/8 HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n");
+  r = ReadResponses(slow, 2);
+  EXPECT_EQ(Count(r, "HTTP/1.1 200"), 2) << r;
+  EXPECT_FALSE(absl::StrContains(r, "released")) << r;
+  ::close(slow);
+  ::close(reader);
+}
+
+TEST_F(EventServerTest, DrainFinishesABlockingRead) {
+  Start();
+  std::future<void> started = slow_started_.get_future();
+  int slow = Connect();
+  Send(slow, "GET /slow/1 HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(started.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  std::thread stopper([this] { server_->Shutdown(); });
+  while (!server_->draining()) std::this_thread::yield();
+  // The drain has begun; the read already started finishes and its answer goes out.
+  ReleaseSlow();
+  std::string r = ReadToClose(slow);
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
+  EXPECT_TRUE(absl::StrContains(r, R"("released":true)")) << r;
+  stopper.join();
+  thread_.join();
+  EXPECT_TRUE(serve_status_.ok());
+  server_.reset();
+  ::close(slow);
 }
 
 TEST(EventServerQueryTest, DecodesLikeAFormParser) {

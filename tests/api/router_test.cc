@@ -65,6 +65,29 @@ TEST(RouterTest, AddRejectsDuplicatesAndBadRoutes) {
   EXPECT_EQ(r.Add(MakeRoute("GET", "/y", nullptr, {})).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(RouterTest, MayBlockMatchesOnlyRoutesMarkedBlocking) {
+  Router r = MakeTestRouter();
+  EXPECT_FALSE(r.MayBlock("/v1/revisions/3/tensors"));  // no blocking route yet
+  Route tensors = MakeRoute("GET", "/v1/revisions/{id}/tensors", Echo(), {}, {"id"});
+  tensors.blocking = true;
+  ASSERT_TRUE(r.Add(std::move(tensors)).ok());
+  EXPECT_TRUE(r.MayBlock("/v1/revisions/3/tensors"));
+  EXPECT_TRUE(r.MayBlock("/v1/revisions/3/tensors?x=1"));
+  EXPECT_TRUE(r.MayBlock("/v1/revisions/%33/tensors"));  // not decoded: the handler checks
+  EXPECT_FALSE(r.MayBlock("/v1/revisions//tensors"));    // an empty parameter matches nothing
+  EXPECT_FALSE(r.MayBlock("/v1/revisions/3"));
+  EXPECT_FALSE(r.MayBlock("/v1/revisions/3/tensors/x"));
+  EXPECT_FALSE(r.MayBlock("/v1/revisions/3/tier"));
+  EXPECT_FALSE(r.MayBlock("no-slash"));
+  EXPECT_FALSE(r.MayBlock(""));
+  // Only reads can be blocking; the refused route is not added.
+  Route put = MakeRoute("PUT", "/v1/slow/{x}", Echo(), {});
+  put.blocking = true;
+  EXPECT_TRUE(absl::IsInvalidArgument(r.Add(std::move(put))));
+  EXPECT_FALSE(r.MayBlock("/v1/slow/1"));
+  EXPECT_TRUE(absl::IsNotFound(r.Resolve("PUT", "/v1/slow/1").status()));
+}
+
 TEST(RouterTest, Utf8Validation) {
   EXPECT_TRUE(IsValidUtf8("plain ascii"));
   EXPECT_TRUE(IsValidUtf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));  // é € 😀

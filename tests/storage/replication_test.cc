@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "storage/store/store.h"
 #include "storage/util/file_util.h"
+#include "tests/storage/child_process_test_util.h"
 #include "tests/test_util.h"
 
 extern char** environ;
@@ -41,23 +42,6 @@ constexpr char kWriterStoreEnv[] = "LORADB_REPL_WRITER_STORE";
 constexpr char kWriterAckFdEnv[] = "LORADB_REPL_WRITER_ACK_FD";
 constexpr char kWriterOpsEnv[] = "LORADB_REPL_WRITER_OPS";
 constexpr char kPolicy[] = "repl/p";
-
-std::vector<TensorView> MakeTensors(uint64_t seed, std::vector<float>* a, std::vector<float>* b) {
-  a->assign(4 * 16, 0);
-  b->assign(32 * 4, 0);
-  for (size_t i = 0; i < a->size(); ++i) (*a)[i] = static_cast<float>(seed) + 0.5f * i;
-  for (size_t i = 0; i < b->size(); ++i) (*b)[i] = static_cast<float>(seed) - 0.25f * i;
-  std::vector<TensorView> v(2);
-  v[0].name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
-  v[0].shape = {4, 16};
-  v[0].data = reinterpret_cast<const std::byte*>(a->data());
-  v[0].nbytes = a->size() * sizeof(float);
-  v[1].name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight";
-  v[1].shape = {32, 4};
-  v[1].data = reinterpret_cast<const std::byte*>(b->data());
-  v[1].nbytes = b->size() * sizeof(float);
-  return v;
-}
 
 [[noreturn]] void Die(int code, const absl::Status& st) {
   fprintf(stderr, "writer child: %s\n", std::string(st.message()).c_str());
@@ -71,11 +55,8 @@ std::vector<TensorView> MakeTensors(uint64_t seed, std::vector<float>* a, std::v
   auto store = Store::Open(dir);
   if (!store.ok()) Die(3, store.status());
   if (!(*store)->GetPolicy(kPolicy).ok()) {
-    auto base = (*store)->AddBaseFromModuleTable(
-        "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})");
-    if (!base.ok()) Die(3, base.status());
-    auto pol = (*store)->CreatePolicy(kPolicy, "b");
-    if (!pol.ok()) Die(3, pol.status());
+    absl::Status st = testing::AddQProjBaseAndPolicy(**store, kPolicy);
+    if (!st.ok()) Die(3, st);
   }
   auto catalog = Catalog::Open((*store)->dir());
   if (!catalog.ok()) Die(3, catalog.status());
@@ -90,7 +71,8 @@ std::vector<TensorView> MakeTensors(uint64_t seed, std::vector<float>* a, std::v
       PublishOptions o;
       o.alias = "prod";
       auto r = (*store)->PublishTensors(
-          kPolicy, MakeTensors(static_cast<uint64_t>(getpid()) * 1000 + i, &a, &b), o);
+          kPolicy, testing::MakeQProjTensors(static_cast<uint64_t>(getpid()) * 1000 + i, &a, &b),
+          o);
       if (!r.ok()) Die(4, r.status());
       prev_prod = prod;
       prod = r->id;
@@ -129,27 +111,11 @@ struct Writer {
 };
 
 Writer SpawnWriter(const std::string& dir, uint64_t ops) {
+  const testing::AckChild child = testing::SpawnSelfWithAckPipe(
+      {{kWriterStoreEnv, dir}, {kWriterOpsEnv, absl::StrCat(ops)}}, kWriterAckFdEnv);
   Writer w;
-  int fds[2];
-  EXPECT_EQ(pipe(fds), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  env_strings.push_back(absl::StrCat(kWriterStoreEnv, "=", dir));
-  env_strings.push_back(absl::StrCat(kWriterAckFdEnv, "=", fds[1]));
-  env_strings.push_back(absl::StrCat(kWriterOpsEnv, "=", ops));
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe";
-  std::string arg = "--gtest_list_tests";  // never reached: the hook takes over
-  char* argv[] = {exe.data(), arg.data(), nullptr};
-  EXPECT_EQ(posix_spawn(&w.pid, exe.c_str(), &actions, nullptr, argv, envp.data()), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  w.fd = fds[0];
+  w.pid = child.pid;
+  w.fd = child.fd;
   return w;
 }
 
@@ -266,12 +232,7 @@ TEST(ReplicationTest, PublishFollowRefreshAndReadOnly) {
   {
     auto store = Store::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
-    ASSERT_TRUE(
-        (*store)
-            ->AddBaseFromModuleTable(
-                "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})")
-            .ok());
-    ASSERT_TRUE((*store)->CreatePolicy(kPolicy, "b").ok());
+    ASSERT_TRUE(testing::AddQProjBaseAndPolicy(**store, kPolicy).ok());
     auto catalog = Catalog::Open(dir);
     ASSERT_TRUE(catalog.ok());
     const std::string root = ReplicaRootFor(dir);
@@ -300,7 +261,7 @@ TEST(ReplicationTest, PublishFollowRefreshAndReadOnly) {
     std::vector<float> a, b;
     PublishOptions o;
     o.alias = "prod";
-    auto rev = (*store)->PublishTensors(kPolicy, MakeTensors(7, &a, &b), o);
+    auto rev = (*store)->PublishTensors(kPolicy, testing::MakeQProjTensors(7, &a, &b), o);
     ASSERT_TRUE(rev.ok()) << rev.status();
     auto unchanged = (*f)->Refresh();
     ASSERT_TRUE(unchanged.ok());

@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,9 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "storage/store/store.h"
+#include "tests/storage/child_process_test_util.h"
 #include "tests/test_util.h"
-
-extern char** environ;
 
 namespace loradb {
 namespace {
@@ -32,24 +30,6 @@ namespace {
 constexpr char kChildStoreEnv[] = "LORADB_CRASH_CHILD_STORE";
 constexpr char kChildAckFdEnv[] = "LORADB_CRASH_CHILD_ACK_FD";
 constexpr char kPolicy[] = "crash/p";
-
-// Two tensors for `layers.0.self_attn.q_proj` (in 16, out 32) at rank 4, filled from `seed`.
-std::vector<TensorView> MakeTensors(uint64_t seed, std::vector<float>* a, std::vector<float>* b) {
-  a->assign(4 * 16, 0);
-  b->assign(32 * 4, 0);
-  for (size_t i = 0; i < a->size(); ++i) (*a)[i] = static_cast<float>(seed) + 0.5f * i;
-  for (size_t i = 0; i < b->size(); ++i) (*b)[i] = static_cast<float>(seed) - 0.25f * i;
-  std::vector<TensorView> v(2);
-  v[0].name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
-  v[0].shape = {4, 16};
-  v[0].data = reinterpret_cast<const std::byte*>(a->data());
-  v[0].nbytes = a->size() * sizeof(float);
-  v[1].name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight";
-  v[1].shape = {32, 4};
-  v[1].data = reinterpret_cast<const std::byte*>(b->data());
-  v[1].nbytes = b->size() * sizeof(float);
-  return v;
-}
 
 // The child: publish until killed, acknowledging each OK publish with "id\n" on the ack fd.
 [[noreturn]] void ChildPublishLoop(const char* store_dir, int ack_fd) {
@@ -63,7 +43,7 @@ std::vector<TensorView> MakeTensors(uint64_t seed, std::vector<float>* a, std::v
     PublishOptions o;
     if (i % 3 == 0) o.alias = "serving";
     const uint64_t seed = static_cast<uint64_t>(getpid()) * 100000 + i;
-    auto r = (*store)->PublishTensors(kPolicy, MakeTensors(seed, &a, &b), o);
+    auto r = (*store)->PublishTensors(kPolicy, testing::MakeQProjTensors(seed, &a, &b), o);
     if (!r.ok()) {
       fprintf(stderr, "crash child: %s\n", std::string(r.status().message()).c_str());
       _exit(4);
@@ -85,32 +65,18 @@ std::vector<TensorView> MakeTensors(uint64_t seed, std::vector<float>* a, std::v
 // every such round kills a child in the middle of its publish loop whatever the machine's speed.
 void RunAndKill(const std::string& dir, int run_ms, bool wait_for_ack,
                 std::vector<uint64_t>* acked) {
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  env_strings.push_back(absl::StrCat(kChildStoreEnv, "=", dir));
-  env_strings.push_back(absl::StrCat(kChildAckFdEnv, "=", fds[1]));
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe";
-  std::string filter = "--gtest_list_tests";  // never reached: the hook takes over
-  char* argv[] = {exe.data(), filter.data(), nullptr};
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, envp.data()), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
+  const testing::AckChild child =
+      testing::SpawnSelfWithAckPipe({{kChildStoreEnv, dir}}, kChildAckFdEnv);
+  ASSERT_NE(child.pid, 0);
+  const pid_t pid = child.pid;
+  const int ack_fd = child.fd;
 
   std::string buf;
   char chunk[4096];
   auto drain = [&](int timeout_ms) {
-    pollfd p{fds[0], POLLIN, 0};
+    pollfd p{ack_fd, POLLIN, 0};
     if (poll(&p, 1, timeout_ms) <= 0) return false;
-    ssize_t n = read(fds[0], chunk, sizeof(chunk));
+    ssize_t n = read(ack_fd, chunk, sizeof(chunk));
     if (n <= 0) return false;
     buf.append(chunk, static_cast<size_t>(n));
     return true;
@@ -121,7 +87,7 @@ void RunAndKill(const std::string& dir, int run_ms, bool wait_for_ack,
     const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (buf.find('\n') == std::string::npos && std::chrono::steady_clock::now() < limit) {
       if (!drain(1000)) {
-        pollfd p{fds[0], POLLIN, 0};
+        pollfd p{ack_fd, POLLIN, 0};
         if (poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) {
           eof = true;
           break;
@@ -145,7 +111,7 @@ void RunAndKill(const std::string& dir, int run_ms, bool wait_for_ack,
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   while (drain(1000)) {
   }
-  close(fds[0]);
+  close(ack_fd);
   if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
     FAIL() << "crash child exited on its own with status " << status;
   }
@@ -165,12 +131,7 @@ void CrashLoop(int kills) {
   {
     auto store = Store::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
-    ASSERT_TRUE(
-        (*store)
-            ->AddBaseFromModuleTable(
-                "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})")
-            .ok());
-    ASSERT_TRUE((*store)->CreatePolicy(kPolicy, "b").ok());
+    ASSERT_TRUE(testing::AddQProjBaseAndPolicy(**store, kPolicy).ok());
   }
   std::mt19937 rng(12345);
   std::vector<uint64_t> acked;

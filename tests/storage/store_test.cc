@@ -10,31 +10,14 @@
 #include "storage/formats/peft.h"
 #include "storage/formats/safetensors.h"
 #include "storage/util/file_util.h"
+#include "tests/storage/adapter_test_util.h"
 #include "tests/test_util.h"
 
 namespace loradb {
 namespace {
 
+using ::loradb::testing::Adapter;
 using ::loradb::testing::TempDir;
-
-// Owns float buffers and hands out PEFT-named views over them.
-struct Adapter {
-  std::vector<std::unique_ptr<std::vector<float>>> bufs;
-  std::vector<TensorView> views;
-  void Add(const std::string& module, bool b, int64_t d0, int64_t d1, float seed) {
-    auto buf = std::make_unique<std::vector<float>>(static_cast<size_t>(d0 * d1));
-    for (size_t i = 0; i < buf->size(); ++i) (*buf)[i] = seed + static_cast<float>(i) * 0.25f;
-    TensorView v;
-    v.name =
-        absl::StrCat("base_model.model.model.", module, b ? ".lora_B.weight" : ".lora_A.weight");
-    v.dtype = DType::kF32;
-    v.shape = {d0, d1};
-    v.data = reinterpret_cast<const std::byte*>(buf->data());
-    v.nbytes = buf->size() * sizeof(float);
-    views.push_back(v);
-    bufs.push_back(std::move(buf));
-  }
-};
 
 // q_proj: in 8, out 16; k_proj: in 8, out 4.
 Adapter MakeAdapter(int64_t r, float seed) {

@@ -329,6 +329,81 @@ static void test_checkpoints_verify_export_reimport(void) {
   CHECK_CODE(loradb_close(&store), LORADB_OK);
 }
 
+/* Calls loradb_publish_peft_dir (call 0) or loradb_publish_safetensors (call 1). */
+static loradb_status_t publish_from(int call, loradb_store_t* store, const char* policy,
+                                    size_t policy_len, const char* src, size_t src_len,
+                                    const loradb_publish_options_t* opts,
+                                    loradb_revision_info_t* out, char** err) {
+  return call == 0
+             ? loradb_publish_peft_dir(store, policy, policy_len, src, src_len, opts, out, err)
+             : loradb_publish_safetensors(store, policy, policy_len, src, src_len, opts, out, err);
+}
+
+/* The checks the three publish calls share, for the two that import from a file: store handle,
+ * policy, the path, `out`'s struct_size, the options; each failure names what was wrong and
+ * publishes nothing. */
+static void test_publish_from_file_misuse(void) {
+  loradb_store_t* store = open_fixture();
+  loradb_store_t* stale = NULL;
+  loradb_revision_info_t info = info_init();
+  loradb_publish_options_t opts;
+  char* err = NULL;
+  int call;
+  memset(&opts, 0, sizeof(opts));
+  opts.struct_size = sizeof(opts);
+  for (call = 0; call < 2; ++call) {
+    CHECK_CODE(publish_from(call, NULL, S("team/a"), S("/x"), NULL, NULL, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, "store handle") != NULL);
+    loradb_free(err);
+    CHECK_CODE(publish_from(call, store, NULL, 3, S("/x"), NULL, NULL, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, "policy is NULL") != NULL);
+    loradb_free(err);
+    CHECK_CODE(publish_from(call, store, S("team/a"), NULL, 2, NULL, NULL, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, call == 0 ? "dir is NULL" : "path is NULL") != NULL);
+    loradb_free(err);
+    /* The path is checked before `out`, `out` before the options. */
+    info.struct_size = 1;
+    CHECK_CODE(publish_from(call, store, S("team/a"), NULL, 2, NULL, &info, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, "NULL with a non-zero length") != NULL);
+    loradb_free(err);
+    opts.struct_size = 5;
+    CHECK_CODE(publish_from(call, store, S("team/a"), S("/x"), &opts, &info, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, "out->struct_size") != NULL);
+    loradb_free(err);
+    info = info_init();
+    CHECK_CODE(publish_from(call, store, S("team/a"), S("/x"), &opts, &info, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, "options->struct_size") != NULL);
+    loradb_free(err);
+    opts.struct_size = sizeof(opts);
+    opts.alias = NULL;
+    opts.alias_len = 4;
+    CHECK_CODE(publish_from(call, store, S("team/a"), S("/x"), &opts, &info, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, "options->alias") != NULL);
+    loradb_free(err);
+    opts.alias_len = 0;
+    /* Valid arguments reach the store, which reports the missing source. */
+    CHECK_CODE(publish_from(call, store, S("team/a"), S("/nonexistent/source"), &opts, &info, NULL),
+               LORADB_NOT_FOUND);
+    info = info_init();
+    CHECK_CODE(loradb_revision_resolve(store, S("team/a:latest"), &info, NULL), LORADB_NOT_FOUND);
+  }
+  stale = store;
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+  for (call = 0; call < 2; ++call) {
+    CHECK_CODE(publish_from(call, stale, S("team/a"), S("/x"), NULL, NULL, &err),
+               LORADB_INVALID_HANDLE);
+    CHECK(err != NULL && strstr(err, "closed") != NULL);
+    loradb_free(err);
+  }
+}
+
 /* Several threads share one store handle: each publishes revisions to its own policy and reads
  * them back (tensors included) while the others do the same. */
 typedef struct {
@@ -413,6 +488,9 @@ int main(void) {
   remove_tmp();
   make_tmp();
   run_test("checkpoints_verify_export_reimport", test_checkpoints_verify_export_reimport);
+  remove_tmp();
+  make_tmp();
+  run_test("publish_from_file_misuse", test_publish_from_file_misuse);
   remove_tmp();
   make_tmp();
   run_test("threads_share_one_store", test_threads_share_one_store);
