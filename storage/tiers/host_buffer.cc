@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "storage/tiers/sync.h"
+#include "storage/util/status_macros.h"
 
 #if defined(LORADB_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -80,7 +82,14 @@ class BufferPool {
     free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
     bytes_ -= f.capacity;
     ++reused_;
+    lent_.insert(f.data);
     return f;
+  }
+
+  // Marks a freshly mapped buffer as one AllocateForOverwrite handed out: only those come back.
+  void Lend(const std::byte* data) {
+    MutexLock lock(&mu_);
+    lent_.insert(data);
   }
 
   // Keeps `f` if it fits under the limit (dropping older buffers to make room); returns what
@@ -88,7 +97,9 @@ class BufferPool {
   std::vector<Free> Put(Free f) {
     MutexLock lock(&mu_);
     std::vector<Free> release;
-    if (f.capacity > limit_) {
+    // Buffers from Allocate were never lent: a caller that never reads through the loader must
+    // not have its freed buffers parked here.
+    if (lent_.erase(f.data) == 0 || f.capacity > limit_) {
       release.push_back(f);
       return release;
     }
@@ -134,6 +145,7 @@ class BufferPool {
 
   Mutex mu_;
   std::vector<Free> free_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<const std::byte*> lent_ ABSL_GUARDED_BY(mu_);  // live, from the pool path
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t limit_ ABSL_GUARDED_BY(mu_) = kDefaultLimit;
   uint64_t reused_ ABSL_GUARDED_BY(mu_) = 0;
@@ -174,7 +186,9 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::AllocateForOverwrite(uin
                                                         /*mapped=*/true));
     }
   }
-  return Allocate(size, pin);
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> fresh, Allocate(size, pin));
+  if (fresh->mapped_) BufferPool::Get().Lend(fresh->data_);
+  return fresh;
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t size, bool pin) {

@@ -25,9 +25,9 @@ inline constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
 // An owned, page-aligned allocation (large ones mmap'ed and populated at allocation; huge
 // pages only with LORADB_HOST_HUGEPAGES=1). Not copyable.
 //
-// Large (mapped) buffers go back to a process-wide pool when destroyed, up to a byte limit
-// (SetHostBufferPoolLimit; default 1 GiB or LORADB_HOST_BUFFER_POOL_BYTES), and
-// AllocateForOverwrite hands them out again: populating and unmapping ~100 MB of fresh pages
+// Large (mapped) buffers from AllocateForOverwrite go back to a process-wide pool when
+// destroyed, up to a byte limit (SetHostBufferPoolLimit; default 1 GiB or
+// LORADB_HOST_BUFFER_POOL_BYTES), and AllocateForOverwrite hands them out again: populating and unmapping ~100 MB of fresh pages
 // costs ~9x more CPU than reading an adapter from the page cache into them, and pinning
 // (cudaHostRegister) more still. Buffers from Allocate are always fresh.
 class HostBuffer {

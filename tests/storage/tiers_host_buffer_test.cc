@@ -54,6 +54,13 @@ TEST(HostBufferPoolTest, LargeBuffersAreReusedForOverwrite) {
   EXPECT_GE((*b)->capacity(), 8 * kMiB);
   EXPECT_EQ(GetHostBufferPoolStats().reused, before.reused + 1);
   EXPECT_EQ(GetHostBufferPoolStats().buffers, 0u);  // `a`'s buffer is in use again
+
+  // A buffer from Allocate is unmapped when freed, never parked in the pool; one from the pool
+  // goes back.
+  fresh->reset();
+  EXPECT_EQ(GetHostBufferPoolStats().buffers, 0u);
+  b->reset();
+  EXPECT_EQ(GetHostBufferPoolStats().buffers, 1u);
 }
 
 TEST(HostBufferPoolTest, OnlyCloseSizesAndSmallBuffersAreNotPooled) {
