@@ -752,24 +752,40 @@ absl::Status RunDedup(const Flags& f) {
 // moe-load
 // ---------------------------------------------------------------------------------------------
 
-// Runs PyPI safetensors on `path` in a python3 subprocess: safe_open (framework "pt") and
-// get_tensor for every name. Returns {open_s, read_s, tensors} as printed by the script.
-absl::StatusOr<nlohmann::json> PythonSafetensors(const std::string& path) {
+// Runs PyPI safetensors on `path` in one python3 subprocess, `reps` times: safe_open (framework
+// "pt") and get_tensor for every name, timed from before safe_open to after the last tensor
+// (interpreter start and `import torch` are not timed). `cold`: the script drops the page cache
+// before each rep, as our side does. Returns {open_s, read_s (best rep), first_read_s, tensors,
+// dropped (whether the page cache could be dropped)}.
+absl::StatusOr<nlohmann::json> PythonSafetensors(const std::string& path, int reps, bool cold) {
   std::string script =
-      "import json,sys,time\n"
+      "import json,os,sys,time\n"
       "import torch\n"
       "from safetensors import safe_open\n"
-      "t0=time.perf_counter()\n"
-      "n=0\n"
-      "with safe_open(sys.argv[1], framework='pt') as f:\n"
-      "    t1=time.perf_counter()\n"
-      "    for k in f.keys():\n"
-      "        f.get_tensor(k); n+=1\n"
-      "t2=time.perf_counter()\n"
-      "print(json.dumps({'open_s':t1-t0,'read_s':t2-t0,'tensors':n}))\n";
+      "path,reps,cold=sys.argv[1],int(sys.argv[2]),sys.argv[3]=='1'\n"
+      "def drop():\n"
+      "    os.sync()\n"
+      "    try:\n"
+      "        with open('/proc/sys/vm/drop_caches','w') as f: f.write('3')\n"
+      "        return True\n"
+      "    except OSError:\n"
+      "        return False\n"
+      "opens,reads,n,dropped=[],[],0,cold\n"
+      "for r in range(reps):\n"
+      "    if cold: dropped=drop() and dropped\n"
+      "    t0=time.perf_counter()\n"
+      "    n=0\n"
+      "    with safe_open(path, framework='pt') as f:\n"
+      "        t1=time.perf_counter()\n"
+      "        for k in f.keys():\n"
+      "            f.get_tensor(k); n+=1\n"
+      "    t2=time.perf_counter()\n"
+      "    opens.append(t1-t0); reads.append(t2-t0)\n"
+      "print(json.dumps({'open_s':min(opens),'read_s':min(reads),'first_read_s':reads[0],\n"
+      "                  'tensors':n,'dropped':dropped}))\n";
   std::string script_path = path + ".py";
   LORADB_RETURN_IF_ERROR(WriteFileAtomic(script_path, script));
-  std::string cmd = absl::StrCat("python3 ", script_path, " ", path);
+  std::string cmd = absl::StrCat("python3 ", script_path, " ", path, " ", reps, " ", cold ? 1 : 0);
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) return ErrnoToStatus(errno, "popen python3");
   std::string out;
@@ -786,13 +802,15 @@ absl::StatusOr<nlohmann::json> PythonSafetensors(const std::string& path) {
 struct ReadTimes {
   double read_s = 0;   // the file into an aligned buffer (cold, O_DIRECT)
   double parse_s = 0;  // header parse + tensor views (the loader objects)
+  double first_s = 0;  // read + parse of the first rep
   size_t tensors = 0;
 };
 
-// Read + parse of one file, best of `reps`; `cold` drops the page cache before each.
+// Read + parse of one file, the fastest of `reps` (each rep drops the previous rep's buffer first, as
+// Python's reps free theirs); `cold` drops the page cache before each.
 absl::StatusOr<ReadTimes> TimeReadParse(tiers::Loader& loader, const std::string& path, int reps,
                                         bool cold, bool blob) {
-  ReadTimes best{1e9, 1e9, 0};
+  ReadTimes best{1e9, 1e9, 0, 0};
   for (int i = 0; i < reps; ++i) {
     if (cold) (void)DropPageCache();
     double t0 = NowSeconds();
@@ -801,8 +819,11 @@ absl::StatusOr<ReadTimes> TimeReadParse(tiers::Loader& loader, const std::string
     LORADB_ASSIGN_OR_RETURN(TensorSet set, blob ? ParseBlobStored(buf->bytes(), buf, true)
                                                 : safetensors::Parse(buf->bytes(), buf));
     double t2 = NowSeconds();
-    best.read_s = std::min(best.read_s, t1 - t0);
-    best.parse_s = std::min(best.parse_s, t2 - t1);
+    if (i == 0) best.first_s = t2 - t0;
+    if (t2 - t0 < best.read_s + best.parse_s) {  // the fastest rep, both parts from it
+      best.read_s = t1 - t0;
+      best.parse_s = t2 - t1;
+    }
     best.tensors = set.size();
   }
   return best;
@@ -878,10 +899,12 @@ absl::Status RunMoeLoad(const Flags& f) {
       if (!cold) LORADB_RETURN_IF_ERROR(SequentialRead({path}, false).status());
       bool blob = layout == "packed";
       LORADB_ASSIGN_OR_RETURN(ReadTimes rt, TimeReadParse(*loader, path, 3, cold, blob));
-      if (cold) (void)DropPageCache();
-      nlohmann::json py = {{"open_s", nullptr}, {"read_s", nullptr}, {"tensors", nullptr}};
+      nlohmann::json py = {{"open_s", nullptr},
+                           {"read_s", nullptr},
+                           {"first_read_s", nullptr},
+                           {"tensors", nullptr}};
       if (!blob) {  // PyPI safetensors cannot read a blob
-        LORADB_ASSIGN_OR_RETURN(py, PythonSafetensors(path));
+        LORADB_ASSIGN_OR_RETURN(py, PythonSafetensors(path, 3, cold));
       }
       reads[{layout, cold}] = {rt, py};
       Emit({{"bench", "tiers"},
@@ -893,8 +916,10 @@ absl::Status RunMoeLoad(const Flags& f) {
             {"read_s", rt.read_s},
             {"loader_objects_s", rt.parse_s},
             {"read_and_objects_s", rt.read_s + rt.parse_s},
+            {"read_and_objects_first_s", rt.first_s},
             {"python_safetensors_open_s", py["open_s"]},
             {"python_safetensors_read_s", py["read_s"]},
+            {"python_safetensors_first_read_s", py["first_read_s"]},
             {"python_tensors", py["tensors"]}});
     }
   }
@@ -925,12 +950,18 @@ absl::Status RunMoeLoad(const Flags& f) {
   }
   // Goals on the warm runs (both sides under the same conditions; the published figures do
   // not include a cold disk read either). Cold figures are printed above.
+  // The rule is one goal with two clauses: packed >= 8.5x unpacked (the published
+  // ratio), or, when our unpacked path is fast enough that the ratio is smaller, unpacked N=4
+  // under the published packed figure (0.156 s). One goal line: the clause that applies.
   int n0 = live.contains({4, false}) ? 4 : f.moe.front();
   auto [wu, wp] = live[{n0, false}];
-  bool met = wu / wp >= 8.5 || (n0 == 4 && wu < 0.156);
-  EmitGoal("tiers", absl::StrCat("moe_live_load_n", n0, "_packed_speedup_warm"), wu / wp,
-           ">= 8.5, or unpacked N=4 live load < 0.156 s", met);
-  if (n0 == 4) EmitGoal("tiers", "moe_live_load_n4_unpacked_warm_s", wu, "< 0.156", wu < 0.156);
+  if (wu / wp >= 8.5 || n0 != 4) {
+    EmitGoal("tiers", absl::StrCat("moe_live_load_n", n0, "_packed_speedup_warm"), wu / wp,
+             ">= 8.5", wu / wp >= 8.5);
+  } else {
+    EmitGoal("tiers", "moe_live_load_n4_unpacked_warm_s", wu,
+             "< 0.156 (packed/unpacked below 8.5x, so this clause applies)", wu < 0.156);
+  }
   const auto& [warm_rt, warm_py] = reads[{"unpacked", false}];
   double ours = warm_rt.read_s + warm_rt.parse_s;
   double py_read = warm_py["read_s"].get<double>();

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "schema/blob_generated.h"
 #include "storage/util/file_util.h"
 #include "storage/util/status_macros.h"
@@ -391,7 +392,13 @@ absl::StatusOr<uint64_t> BlobHeaderEnd(std::span<const std::byte> prefix) {
   return kBlobPrefixBytes + header_len + 8;
 }
 
-absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint64_t file_size) {
+namespace {
+
+// ParseBlobLayout; `check_member_names` = false leaves the uniqueness of original names
+// (ungrouped stored tensors + members) to the caller, which ParseBlob gets from its TensorSet's
+// index without hashing every name twice.
+absl::StatusOr<BlobLayout> ParseLayout(std::span<const std::byte> head, uint64_t file_size,
+                                       bool check_member_names) {
   LORADB_ASSIGN_OR_RETURN(uint64_t header_end, BlobHeaderEnd(head));
   if (header_end > file_size) {
     return Invalid(absl::StrCat("truncated: the header needs ", header_end,
@@ -552,16 +559,18 @@ absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint
     }
   }
   // Original names (ungrouped stored tensors + members) must be unique.
-  absl::flat_hash_set<absl::string_view> originals;
-  for (size_t i = 0; i < layout.stored.size(); ++i) {
-    if (grouped[i]) continue;
-    originals.insert(layout.stored[i].name);
-  }
-  for (const BlobPackedGroup& g : layout.groups) {
-    for (const std::string& m : g.members) {
-      if (m.empty() || !originals.insert(m).second) {
-        return Invalid(absl::StrCat("packed group \"", layout.stored[g.stored_index].name,
-                                    "\": member name \"", m, "\" is empty or repeats"));
+  if (check_member_names) {
+    absl::flat_hash_set<absl::string_view> originals;
+    for (size_t i = 0; i < layout.stored.size(); ++i) {
+      if (grouped[i]) continue;
+      originals.insert(layout.stored[i].name);
+    }
+    for (const BlobPackedGroup& g : layout.groups) {
+      for (const std::string& m : g.members) {
+        if (m.empty() || !originals.insert(m).second) {
+          return Invalid(absl::StrCat("packed group \"", layout.stored[g.stored_index].name,
+                                      "\": member name \"", m, "\" is empty or repeats"));
+        }
       }
     }
   }
@@ -578,16 +587,30 @@ absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint
   return layout;
 }
 
+}  // namespace
+
+absl::StatusOr<BlobLayout> ParseBlobLayout(std::span<const std::byte> head, uint64_t file_size) {
+  return ParseLayout(head, file_size, /*check_member_names=*/true);
+}
+
 absl::StatusOr<TensorSet> ParseBlobStored(std::span<const std::byte> bytes,
                                           std::shared_ptr<const void> backing,
                                           bool verify_checksums, BlobLayout* layout_out) {
   LORADB_ASSIGN_OR_RETURN(BlobLayout layout, ParseBlobLayout(bytes, bytes.size()));
   if (verify_checksums) LORADB_RETURN_IF_ERROR(VerifyChecksums(layout, bytes.data()));
   TensorSet set(std::move(backing));
+  set.Reserve(layout.stored.size());
   set.metadata() = layout.metadata;
-  for (const BlobStoredTensor& s : layout.stored) {
-    LORADB_RETURN_IF_ERROR(set.Add(
-        {s.name, s.dtype, s.shape, bytes.data() + s.offset, static_cast<size_t>(s.length)}));
+  for (BlobStoredTensor& s : layout.stored) {
+    TensorView v{{}, s.dtype, {}, bytes.data() + s.offset, static_cast<size_t>(s.length)};
+    if (layout_out != nullptr) {  // the caller gets the layout too: copy
+      v.name = s.name;
+      v.shape = s.shape;
+    } else {
+      v.name = std::move(s.name);
+      v.shape = std::move(s.shape);
+    }
+    LORADB_RETURN_IF_ERROR(set.Add(std::move(v)));
   }
   if (layout_out != nullptr) *layout_out = std::move(layout);
   return set;
@@ -595,26 +618,48 @@ absl::StatusOr<TensorSet> ParseBlobStored(std::span<const std::byte> bytes,
 
 absl::StatusOr<TensorSet> ParseBlob(std::span<const std::byte> bytes,
                                     std::shared_ptr<const void> backing, bool verify_checksums) {
-  LORADB_ASSIGN_OR_RETURN(BlobLayout layout, ParseBlobLayout(bytes, bytes.size()));
+  LORADB_ASSIGN_OR_RETURN(BlobLayout layout,
+                          ParseLayout(bytes, bytes.size(), /*check_member_names=*/false));
   if (verify_checksums) LORADB_RETURN_IF_ERROR(VerifyChecksums(layout, bytes.data()));
-  std::vector<const BlobPackedGroup*> group_of(layout.stored.size(), nullptr);
-  for (const BlobPackedGroup& g : layout.groups) group_of[g.stored_index] = &g;
+  std::vector<BlobPackedGroup*> group_of(layout.stored.size(), nullptr);
+  size_t views = layout.stored.size();
+  for (BlobPackedGroup& g : layout.groups) {
+    group_of[g.stored_index] = &g;
+    views += g.members.size() - 1;
+  }
   TensorSet set(std::move(backing));
+  set.Reserve(views);
   set.metadata() = std::move(layout.metadata);
   for (size_t i = 0; i < layout.stored.size(); ++i) {
     BlobStoredTensor& s = layout.stored[i];
     const std::byte* data = bytes.data() + s.offset;
     if (group_of[i] == nullptr) {
-      LORADB_RETURN_IF_ERROR(
-          set.Add({std::move(s.name), s.dtype, std::move(s.shape), data, s.length}));
+      // Stored names are unique (checked by the layout): a clash is with a member name.
+      absl::Status added =
+          set.Add({std::move(s.name), s.dtype, std::move(s.shape), data, s.length});
+      if (!added.ok()) {
+        absl::string_view quoted = added.message();
+        absl::ConsumePrefix(&quoted, "duplicate tensor name ");
+        return Invalid(absl::StrCat("member name ", quoted, " repeats a stored tensor's name"));
+      }
       continue;
     }
-    const BlobPackedGroup& g = *group_of[i];
+    BlobPackedGroup& g = *group_of[i];
     std::vector<int64_t> member_shape(s.shape.begin() + 1, s.shape.end());
     const size_t member_bytes = s.length / g.members.size();
     for (size_t m = 0; m < g.members.size(); ++m) {
-      LORADB_RETURN_IF_ERROR(
-          set.Add({g.members[m], s.dtype, member_shape, data + m * member_bytes, member_bytes}));
+      if (g.members[m].empty()) {
+        return Invalid(absl::StrCat("packed group \"", s.name, "\": member name \"\" is empty"));
+      }
+      // The name moves into the set; on a duplicate, the set's message quotes it.
+      absl::Status added = set.Add(
+          {std::move(g.members[m]), s.dtype, member_shape, data + m * member_bytes, member_bytes});
+      if (!added.ok()) {
+        absl::string_view quoted = added.message();
+        absl::ConsumePrefix(&quoted, "duplicate tensor name ");
+        return Invalid(
+            absl::StrCat("packed group \"", s.name, "\": member name ", quoted, " repeats"));
+      }
     }
   }
   return set;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,12 +33,8 @@ absl::Status WithPath(const absl::Status& status, const std::string& path) {
 
 absl::string_view SimdjsonError(simdjson::error_code err) { return simdjson::error_message(err); }
 
-// One tensor entry of the header, before validation of the offsets.
-// One header entry while parsing; `name` points into the parser's document.
-struct Entry {
-  std::string_view name;
-  DType dtype;
-  std::vector<int64_t> shape;
+// The data_offsets of one header entry, checked after all entries are read.
+struct Offsets {
   uint64_t begin = 0;
   uint64_t end = 0;
 };
@@ -95,14 +92,14 @@ absl::StatusOr<uint64_t> GetUnsigned(simdjson::dom::element e, absl::string_view
   return v;
 }
 
-absl::StatusOr<Entry> ParseTensorInfo(std::string_view name, simdjson::dom::element value) {
+// Reads one header entry into `view` (name, dtype, shape; no data yet) and `offsets`.
+absl::Status ParseTensorInfo(std::string_view name, simdjson::dom::element value, TensorView* view,
+                             Offsets* offsets) {
   simdjson::dom::object info;
   if (value.get_object().get(info) != simdjson::SUCCESS) {
     return Invalid(
         absl::StrCat("tensor ", Quoted(name), ": expected an object {dtype, shape, data_offsets}"));
   }
-  Entry entry;
-  entry.name = name;
   bool have_dtype = false, have_shape = false, have_offsets = false;
   for (auto field : info) {
     std::string_view key = field.key;
@@ -121,7 +118,7 @@ absl::StatusOr<Entry> ParseTensorInfo(std::string_view name, simdjson::dom::elem
                                   absl::string_view(key.data(), key.size()), "\""));
     }
     *seen = true;
-    if (key == "dtype") {
+    if (seen == &have_dtype) {
       std::string_view dtype;
       if (field.value.get_string().get(dtype) != simdjson::SUCCESS) {
         return Invalid(absl::StrCat("tensor ", Quoted(name), ": dtype must be a string"));
@@ -130,38 +127,39 @@ absl::StatusOr<Entry> ParseTensorInfo(std::string_view name, simdjson::dom::elem
       if (!parsed.ok()) {
         return Invalid(absl::StrCat("tensor ", Quoted(name), ": ", parsed.status().message()));
       }
-      entry.dtype = *parsed;
-    } else if (key == "shape") {
+      view->dtype = *parsed;
+    } else if (seen == &have_shape) {
       simdjson::dom::array dims;
       if (field.value.get_array().get(dims) != simdjson::SUCCESS) {
         return Invalid(absl::StrCat("tensor ", Quoted(name), ": shape must be an array"));
       }
-      entry.shape.reserve(dims.size());
+      view->shape.reserve(dims.size());
       for (simdjson::dom::element d : dims) {
         LORADB_ASSIGN_OR_RETURN(uint64_t dim, GetUnsigned(d, "shape dimension", name));
         if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
           return Invalid(
               absl::StrCat("tensor ", Quoted(name), ": shape dimension ", dim, " overflows"));
         }
-        entry.shape.push_back(static_cast<int64_t>(dim));
+        view->shape.push_back(static_cast<int64_t>(dim));
       }
     } else {
-      simdjson::dom::array offsets;
-      if (field.value.get_array().get(offsets) != simdjson::SUCCESS || offsets.size() != 2) {
+      simdjson::dom::array pair;
+      if (field.value.get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2) {
         return Invalid(absl::StrCat("tensor ", Quoted(name),
                                     ": data_offsets must be an array of two integers"));
       }
-      LORADB_ASSIGN_OR_RETURN(entry.begin,
-                              GetUnsigned(offsets.at(0).value_unsafe(), "data_offsets[0]", name));
-      LORADB_ASSIGN_OR_RETURN(entry.end,
-                              GetUnsigned(offsets.at(1).value_unsafe(), "data_offsets[1]", name));
+      auto it = pair.begin();
+      LORADB_ASSIGN_OR_RETURN(offsets->begin, GetUnsigned(*it, "data_offsets[0]", name));
+      ++it;
+      LORADB_ASSIGN_OR_RETURN(offsets->end, GetUnsigned(*it, "data_offsets[1]", name));
     }
   }
   if (!have_dtype || !have_shape || !have_offsets) {
     const char* missing = !have_dtype ? "dtype" : (!have_shape ? "shape" : "data_offsets");
     return Invalid(absl::StrCat("tensor ", Quoted(name), ": missing field \"", missing, "\""));
   }
-  return entry;
+  view->name.assign(name.data(), name.size());
+  return absl::OkStatus();
 }
 
 absl::Status ParseMetadata(simdjson::dom::element value,
@@ -298,12 +296,15 @@ absl::StatusOr<TensorSet> Parse(std::span<const std::byte> bytes,
   }
   LORADB_RETURN_IF_ERROR(CheckNoNegativeZero(header, header_len));
 
+  // One pass over the header: each entry becomes a view (its name is the only allocation
+  // besides the shape), duplicate names are caught by the set's index (one hash per name), and
+  // the offsets are checked afterwards in offset order.
+  const size_t fields = root.size();
+  std::vector<TensorView> views;
+  std::vector<Offsets> offsets;
+  views.reserve(fields);
+  offsets.reserve(fields);
   TensorSet set(std::move(backing));
-  std::vector<Entry> entries;
-  entries.reserve(root.size());
-  // Names are views into the parser's document (alive until the next parse on this thread).
-  absl::flat_hash_set<std::string_view> names;
-  names.reserve(root.size());
   bool have_metadata = false;
   for (auto field : root) {
     std::string_view key = field.key;
@@ -313,58 +314,76 @@ absl::StatusOr<TensorSet> Parse(std::span<const std::byte> bytes,
       LORADB_RETURN_IF_ERROR(ParseMetadata(field.value, &set.metadata()));
       continue;
     }
-    if (!names.insert(key).second) {
-      return Invalid(absl::StrCat("duplicate tensor name ", Quoted(key)));
-    }
-    LORADB_ASSIGN_OR_RETURN(Entry entry, ParseTensorInfo(key, field.value));
-    entries.push_back(std::move(entry));
+    LORADB_RETURN_IF_ERROR(
+        ParseTensorInfo(key, field.value, &views.emplace_back(), &offsets.emplace_back()));
   }
 
-  // As the reference: order by offsets, then require contiguity from 0 and exact sizes.
-  auto by_offsets = [](const Entry& a, const Entry& b) {
-    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
-  };
-  if (!std::is_sorted(entries.begin(), entries.end(), by_offsets)) {
-    std::stable_sort(entries.begin(), entries.end(), by_offsets);
-  }
+  // Index every entry in header order (a duplicate name is reported before any offset
+  // problem). Views point at their data only once the offsets below have been checked.
   const uint64_t data_size = bytes.size() - kLengthPrefix - header_len;
   const std::byte* data = bytes.data() + kLengthPrefix + header_len;
+  set.Reserve(views.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    const Offsets& o = offsets[i];
+    if (o.begin <= o.end && o.end <= data_size) {
+      views[i].data = data + o.begin;
+      views[i].nbytes = static_cast<size_t>(o.end - o.begin);
+    }
+    if (absl::Status added = set.Add(std::move(views[i])); !added.ok()) {
+      return Invalid(added.message());
+    }
+  }
+
+  // As the reference: order by offsets, then require contiguity from 0 and exact sizes. Files
+  // written by the reference (and by Serialize) list entries in offset order already.
+  std::vector<uint32_t> order;  // empty: header order is offset order
+  auto before = [&](size_t a, size_t b) {
+    return std::tie(offsets[a].begin, offsets[a].end) < std::tie(offsets[b].begin, offsets[b].end);
+  };
+  for (size_t i = 1; i < offsets.size(); ++i) {
+    if (before(i, i - 1)) {
+      order.resize(offsets.size());
+      for (size_t j = 0; j < order.size(); ++j) order[j] = static_cast<uint32_t>(j);
+      std::stable_sort(order.begin(), order.end(), before);
+      break;
+    }
+  }
   uint64_t expected_begin = 0;
-  for (Entry& e : entries) {
-    if (e.begin != expected_begin || e.end < e.begin) {
-      return Invalid(absl::StrCat("tensor ", Quoted(e.name), ": data_offsets [", e.begin, ", ",
-                                  e.end, "] are not contiguous (expected to start at ",
+  for (size_t k = 0; k < offsets.size(); ++k) {
+    const size_t i = order.empty() ? k : order[k];
+    const TensorView& v = set.tensors()[i];
+    const Offsets& o = offsets[i];
+    if (o.begin != expected_begin || o.end < o.begin) {
+      return Invalid(absl::StrCat("tensor ", Quoted(v.name), ": data_offsets [", o.begin, ", ",
+                                  o.end, "] are not contiguous (expected to start at ",
                                   expected_begin, ")"));
     }
-    auto nbytes = CheckedNumBytes(e.shape, e.dtype);
+    auto nbytes = CheckedNumBytes(v.shape, v.dtype);
     if (!nbytes.ok()) {
-      return Invalid(absl::StrCat("tensor ", Quoted(e.name), ": ", nbytes.status().message()));
+      return Invalid(absl::StrCat("tensor ", Quoted(v.name), ": ", nbytes.status().message()));
     }
-    if (e.end - e.begin != *nbytes) {
-      return Invalid(absl::StrCat("tensor ", Quoted(e.name), ": data_offsets span ",
-                                  e.end - e.begin, " bytes but ", DTypeName(e.dtype), " ",
-                                  ShapeString(e.shape), " needs ", *nbytes));
+    if (o.end - o.begin != *nbytes) {
+      return Invalid(absl::StrCat("tensor ", Quoted(v.name), ": data_offsets span ",
+                                  o.end - o.begin, " bytes but ", DTypeName(v.dtype), " ",
+                                  ShapeString(v.shape), " needs ", *nbytes));
     }
-    if (e.end > data_size) {
-      return Invalid(absl::StrCat("tensor ", Quoted(e.name), ": data_offsets end ", e.end,
+    if (o.end > data_size) {
+      return Invalid(absl::StrCat("tensor ", Quoted(v.name), ": data_offsets end ", o.end,
                                   " is past the data section (", data_size, " bytes)"));
     }
-    expected_begin = e.end;
+    expected_begin = o.end;
   }
   if (expected_begin != data_size) {
     return Invalid(absl::StrCat("data section is ", data_size, " bytes but tensors cover ",
                                 expected_begin, " (file not covered exactly)"));
   }
-  for (Entry& e : entries) {
-    TensorView v;
-    v.name.assign(e.name.data(), e.name.size());
-    v.dtype = e.dtype;
-    v.shape = std::move(e.shape);
-    v.data = data + e.begin;
-    v.nbytes = static_cast<size_t>(e.end - e.begin);
-    LORADB_RETURN_IF_ERROR(set.Add(std::move(v)));
-  }
-  return set;
+  if (order.empty()) return set;
+  // Rare: a header out of offset order. The set lists tensors in offset order, as always.
+  TensorSet sorted(set.backing());
+  sorted.Reserve(order.size());
+  sorted.metadata() = std::move(set.metadata());
+  for (uint32_t i : order) LORADB_RETURN_IF_ERROR(sorted.Add(set.tensors()[i]));
+  return sorted;
 }
 
 absl::StatusOr<TensorSet> ReadFile(const std::string& path) {

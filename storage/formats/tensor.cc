@@ -3,6 +3,7 @@
 #include <array>
 #include <limits>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -69,17 +70,60 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+namespace {
+
+uint64_t NameHash(absl::string_view name) { return absl::Hash<absl::string_view>{}(name); }
+
+}  // namespace
+
+void TensorSet::Reserve(size_t n) {
+  tensors_.reserve(n);
+  hashes_.reserve(n);
+  if (n * 2 > table_.size()) GrowIndex(n * 2);
+}
+
+size_t TensorSet::Slot(uint64_t hash, absl::string_view name) const {
+  const size_t mask = table_.size() - 1;
+  for (size_t i = static_cast<size_t>(hash) & mask;; i = (i + 1) & mask) {
+    uint32_t e = table_[i];
+    if (e == 0) return i;
+    if (hashes_[e - 1] == hash && tensors_[e - 1].name == name) return i;
+  }
+}
+
+void TensorSet::GrowIndex(size_t min_capacity) {
+  size_t capacity = 16;
+  while (capacity < min_capacity) capacity *= 2;
+  table_.assign(capacity, 0);
+  const size_t mask = capacity - 1;
+  for (size_t p = 0; p < hashes_.size(); ++p) {
+    size_t i = static_cast<size_t>(hashes_[p]) & mask;
+    while (table_[i] != 0) i = (i + 1) & mask;
+    table_[i] = static_cast<uint32_t>(p + 1);
+  }
+}
+
 absl::Status TensorSet::Add(TensorView view) {
-  auto [it, inserted] = index_.try_emplace(view.name, tensors_.size());
-  if (!inserted)
+  if (tensors_.size() >= std::numeric_limits<uint32_t>::max() - 1) {
+    return absl::ResourceExhaustedError("tensor set is full");
+  }
+  // Keep the table at most half full.
+  if ((tensors_.size() + 1) * 2 > table_.size()) GrowIndex((tensors_.size() + 1) * 2);
+  const uint64_t hash = NameHash(view.name);
+  const size_t slot = Slot(hash, view.name);
+  if (table_[slot] != 0) {
     return absl::AlreadyExistsError(absl::StrCat("duplicate tensor name \"", view.name, "\""));
+  }
   tensors_.push_back(std::move(view));
+  hashes_.push_back(hash);
+  table_[slot] = static_cast<uint32_t>(tensors_.size());
   return absl::OkStatus();
 }
 
 const TensorView* TensorSet::Find(absl::string_view name) const {
-  auto it = index_.find(name);
-  return it == index_.end() ? nullptr : &tensors_[it->second];
+  if (table_.empty()) return nullptr;
+  uint32_t e = table_[Slot(NameHash(name), name)];
+  return e == 0 ? nullptr : &tensors_[e - 1];
 }
 
 uint64_t TensorSet::total_bytes() const {

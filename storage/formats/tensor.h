@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -70,6 +69,7 @@ struct TensorView {
 
 // Named tensors over one backing buffer, plus string metadata. Views stay valid as long as the
 // TensorSet (or any copy of `backing()`) lives. Insertion order is kept; lookup is by name.
+// The name index holds positions only (no copy of any name): an Add hashes its name once.
 class TensorSet {
  public:
   TensorSet() = default;
@@ -77,7 +77,11 @@ class TensorSet {
   // `backing` keeps the memory behind every view alive (may be null for static data).
   explicit TensorSet(std::shared_ptr<const void> backing) : backing_(std::move(backing)) {}
 
-  // Adds a view; AlreadyExists if the name is taken.
+  // Makes room for `n` tensors in total, so that Adds up to that count do not reallocate the
+  // views or grow the name index.
+  void Reserve(size_t n);
+
+  // Adds a view; AlreadyExists if the name is taken (the set is then unchanged).
   [[nodiscard]] absl::Status Add(TensorView view);
 
   const std::vector<TensorView>& tensors() const { return tensors_; }
@@ -95,9 +99,16 @@ class TensorSet {
   uint64_t total_bytes() const;
 
  private:
+  // Open addressing, linear probing over a power-of-two table of positions + 1 (0 = empty);
+  // hashes_[i] is the hash of tensors_[i].name, kept so growing never hashes a name again.
+  // Plain vectors: copies and moves of the set stay consistent without fix-ups.
+  size_t Slot(uint64_t hash, absl::string_view name) const;
+  void GrowIndex(size_t min_capacity);
+
   std::shared_ptr<const void> backing_;
   std::vector<TensorView> tensors_;
-  absl::flat_hash_map<std::string, size_t> index_;
+  std::vector<uint64_t> hashes_;
+  std::vector<uint32_t> table_;
   std::map<std::string, std::string> metadata_;
 };
 

@@ -82,8 +82,13 @@ std::vector<DeviceSlots::Chunk> DeviceSlots::PlanChunks(const TensorSet& set) co
   for (size_t i = 0; i < set.tensors().size(); ++i) {
     if (set.tensors()[i].nbytes > 0) order.push_back(i);
   }
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return set.tensors()[a].data < set.tensors()[b].data; });
+  auto by_address = [&](size_t a, size_t b) {
+    return set.tensors()[a].data < set.tensors()[b].data;
+  };
+  // Parsers list tensors in file order, so this is usually sorted already.
+  if (!std::is_sorted(order.begin(), order.end(), by_address)) {
+    std::sort(order.begin(), order.end(), by_address);
+  }
   std::vector<Chunk> chunks;
   for (size_t i : order) {
     const TensorView& t = set.tensors()[i];
@@ -100,6 +105,29 @@ std::vector<DeviceSlots::Chunk> DeviceSlots::PlanChunks(const TensorSet& set) co
     c.tensors.push_back(i);
   }
   return chunks;
+}
+
+DeviceSlots::Prepared DeviceSlots::Prepare(uint64_t revision, const TensorSet& host) const {
+  Prepared p;
+  p.chunks = PlanChunks(host);
+  for (const Chunk& c : p.chunks) p.pages += PagesFor(c.span);
+  auto adapter = std::make_shared<DeviceAdapter>();
+  adapter->revision = revision;
+  adapter->tp = options_.tp;
+  adapter->metadata = host.metadata();
+  const std::vector<TensorView>& views = host.tensors();
+  adapter->tensors.resize(views.size());
+  adapter->index_.reserve(views.size());
+  for (size_t t = 0; t < views.size(); ++t) {
+    DeviceTensor& d = adapter->tensors[t];
+    d.name = views[t].name;
+    d.dtype = views[t].dtype;
+    d.shape = views[t].shape;
+    d.nbytes = views[t].nbytes;
+    adapter->index_.emplace(d.name, static_cast<uint32_t>(t));
+  }
+  p.adapter = std::move(adapter);
+  return p;
 }
 
 std::optional<uint64_t> DeviceSlots::AllocRun(uint64_t pages) {
@@ -217,9 +245,17 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
   }
 
   // Load the misses through the CPU cache, all started before waiting for any.
-  std::vector<CpuLease> cpu;
+  // Each adapter's device-side description is built as soon as its load is done, while the
+  // others may still be loading, and outside the lock.
   for (uint64_t rev : missing) (void)cache_->Prefetch(rev, LoadPriority::kDecode);
-  for (uint64_t rev : missing) {
+  std::vector<CpuLease> cpu;
+  std::vector<Prepared> prepared;
+  // Under a TP placement the slots hold the rank's shard: each host copy is sliced (kept alive
+  // in `shards` until the copy is done) unless it already is that shard.
+  std::vector<TensorSet> shards(missing.size());
+  std::vector<const TensorSet*> hosts;
+  for (size_t i = 0; i < missing.size(); ++i) {
+    const uint64_t rev = missing[i];
     absl::StatusOr<CpuLease> lease = cache_->Acquire(rev, LoadPriority::kDecode);
     if (!lease.ok()) {
       MutexLock lock(&mu_);
@@ -228,30 +264,17 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
                           absl::StrCat("revision ", rev, ": ", lease.status().message()));
     }
     cpu.push_back(*std::move(lease));
-  }
-  // Under a TP placement the slots hold the rank's shard: slice each host copy (kept alive in
-  // `shards` until the copy is done) unless it already is that shard.
-  std::vector<TensorSet> shards(cpu.size());
-  std::vector<const TensorSet*> hosts;
-  for (size_t i = 0; i < cpu.size(); ++i) {
     absl::StatusOr<const TensorSet*> host =
-        AdapterShardFor(cpu[i].tensors(), options_.tp, &shards[i]);
+        AdapterShardFor(cpu.back().tensors(), options_.tp, &shards[i]);
     if (!host.ok()) {
       MutexLock lock(&mu_);
       unpin_all();
       return absl::Status(host.status().code(),
-                          absl::StrCat("revision ", missing[i], " on TP rank ", options_.tp.rank,
-                                       " of ", options_.tp.degree, ": ", host.status().message()));
+                          absl::StrCat("revision ", rev, " on TP rank ", options_.tp.rank, " of ",
+                                       options_.tp.degree, ": ", host.status().message()));
     }
     hosts.push_back(*host);
-  }
-  std::vector<std::vector<Chunk>> plans;
-  std::vector<uint64_t> plan_pages;
-  for (const TensorSet* h : hosts) {
-    plans.push_back(PlanChunks(*h));
-    uint64_t pages = 0;
-    for (const Chunk& c : plans.back()) pages += PagesFor(c.span);
-    plan_pages.push_back(pages);
+    prepared.push_back(Prepare(rev, **host));
   }
 
   // Allocate pages for the adapters still missing, evicting unleased ones LRU.
@@ -268,7 +291,7 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
         stats_.hits++;
       } else {
         to_create.push_back(i);
-        need += plan_pages[i];
+        need += prepared[i].pages;
       }
     }
     uint64_t leased_pages = 0;
@@ -284,19 +307,10 @@ absl::StatusOr<DeviceBatchLease> DeviceSlots::AcquireBatch(std::span<const uint6
     }
     for (size_t i : to_create) {
       const TensorSet& host = *hosts[i];
-      auto adapter = std::make_shared<DeviceAdapter>();
-      adapter->revision = missing[i];
-      adapter->tp = options_.tp;
-      adapter->metadata = host.metadata();
-      adapter->tensors.resize(host.tensors().size());
-      for (size_t t = 0; t < host.tensors().size(); ++t) {
-        const TensorView& v = host.tensors()[t];
-        adapter->tensors[t] = {v.name, v.dtype, v.shape, nullptr, v.nbytes};
-        adapter->index_[v.name] = t;
-      }
+      std::shared_ptr<DeviceAdapter> adapter = std::move(prepared[i].adapter);
       Slot slot;
       bool ok = true;
-      for (const Chunk& c : plans[i]) {
+      for (const Chunk& c : prepared[i].chunks) {
         uint64_t pages = PagesFor(c.span);
         std::optional<uint64_t> first = AllocRun(pages);
         while (!first.has_value() && EvictLru()) first = AllocRun(pages);

@@ -60,6 +60,11 @@ struct DeviceTensor {
 // An adapter revision resident in the arena: per-tensor device pointers by name, plus the
 // host tensor set's metadata (rank, alpha, PEFT config...) so consumers can derive the scale.
 struct DeviceAdapter {
+  DeviceAdapter() = default;
+  // Not copyable: the name index points into `tensors`.
+  DeviceAdapter(const DeviceAdapter&) = delete;
+  DeviceAdapter& operator=(const DeviceAdapter&) = delete;
+
   uint64_t revision = 0;
   uint32_t slot = 0;
   std::vector<DeviceTensor> tensors;
@@ -73,7 +78,7 @@ struct DeviceAdapter {
 
  private:
   friend class DeviceSlots;
-  absl::flat_hash_map<std::string, size_t> index_;
+  absl::flat_hash_map<absl::string_view, uint32_t> index_;  // views of tensors[i].name
 };
 
 class DeviceSlots;
@@ -179,8 +184,17 @@ class DeviceSlots {
     std::vector<size_t> tensors;  // indices into the host TensorSet
   };
 
+  // What can be worked out from a loaded host adapter before taking the lock: its chunks and
+  // pages, and the device adapter with names, shapes and index (device pointers still null).
+  struct Prepared {
+    std::vector<Chunk> chunks;
+    uint64_t pages = 0;
+    std::shared_ptr<DeviceAdapter> adapter;
+  };
+
   DeviceSlots(DeviceSlotsOptions options, CpuCache* cache, std::unique_ptr<DeviceBackend> backend);
   std::vector<Chunk> PlanChunks(const TensorSet& set) const;
+  Prepared Prepare(uint64_t revision, const TensorSet& host) const;
   uint64_t PagesFor(uint64_t bytes) const {
     return (bytes + options_.page_bytes - 1) / options_.page_bytes;
   }

@@ -1,5 +1,8 @@
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "storage/tiers/device_backend.h"
@@ -7,6 +10,9 @@
 
 namespace loradb::tiers {
 namespace {
+
+constexpr uint64_t kMaxCopyThreads = 4;
+constexpr uint64_t kBytesPerCopyThread = uint64_t{32} << 20;
 
 class HostBackend final : public DeviceBackend {
  public:
@@ -24,8 +30,34 @@ class HostBackend final : public DeviceBackend {
     return static_cast<std::byte*>(p);
   }
   void FreeArena(std::byte* base) override { std::free(base); }
+  // Large copies (a batch of adapters is hundreds of MB) are split into byte ranges over a few
+  // threads, as a device copy engine would not serialise them behind one CPU core.
   absl::Status Copy(std::span<const CopyOp> ops) override {
-    for (const CopyOp& op : ops) std::memcpy(op.dst, op.src, op.bytes);
+    uint64_t total = 0;
+    for (const CopyOp& op : ops) total += op.bytes;
+    const unsigned workers = static_cast<unsigned>(
+        std::min<uint64_t>({kMaxCopyThreads, std::max(1u, std::thread::hardware_concurrency()),
+                            total / kBytesPerCopyThread}));
+    if (workers <= 1) {
+      for (const CopyOp& op : ops) std::memcpy(op.dst, op.src, op.bytes);
+      return absl::OkStatus();
+    }
+    // Worker w copies bytes [w * share, (w + 1) * share) of the ops laid end to end.
+    const uint64_t share = (total + workers - 1) / workers;
+    auto run = [&ops, share](unsigned w) {
+      const uint64_t begin = w * share, end = begin + share;
+      uint64_t at = 0;
+      for (const CopyOp& op : ops) {
+        const uint64_t lo = std::max(at, begin), hi = std::min(at + op.bytes, end);
+        if (lo < hi) std::memcpy(op.dst + (lo - at), op.src + (lo - at), hi - lo);
+        at += op.bytes;
+        if (at >= end) break;
+      }
+    };
+    std::vector<std::thread> threads;
+    for (unsigned w = 1; w < workers; ++w) threads.emplace_back(run, w);
+    run(0);
+    for (auto& t : threads) t.join();
     return absl::OkStatus();
   }
   absl::Status CopyToHost(std::byte* dst, const std::byte* src, uint64_t bytes) override {

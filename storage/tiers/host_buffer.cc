@@ -3,9 +3,16 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "storage/tiers/sync.h"
+#include "storage/util/status_macros.h"
 
 #if defined(LORADB_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -47,7 +54,142 @@ bool HugePagesWanted() {
   return wanted;
 }
 
+// Free mapped buffers kept for reuse, oldest first.
+class BufferPool {
+ public:
+  struct Free {
+    std::byte* data;
+    uint64_t capacity;
+    bool pinned;
+  };
+
+  static BufferPool& Get() {
+    static BufferPool* pool = new BufferPool();  // never destroyed: buffers may die at exit
+    return *pool;
+  }
+
+  // A pooled buffer with capacity in [need, need + need / 8] and the given pinning, if any.
+  std::optional<Free> Take(uint64_t need, bool pinned) {
+    MutexLock lock(&mu_);
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i) {
+      const Free& f = free_[i];
+      if (f.pinned != pinned || f.capacity < need || f.capacity > need + need / 8) continue;
+      if (best == free_.size() || f.capacity < free_[best].capacity) best = i;
+    }
+    if (best == free_.size()) return std::nullopt;
+    Free f = free_[best];
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    bytes_ -= f.capacity;
+    ++reused_;
+    lent_.insert(f.data);
+    return f;
+  }
+
+  // Marks a freshly mapped buffer as one AllocateForOverwrite handed out: only those come back.
+  void Lend(const std::byte* data) {
+    MutexLock lock(&mu_);
+    lent_.insert(data);
+  }
+
+  // Keeps `f` if it fits under the limit (dropping older buffers to make room); returns what
+  // the caller must release.
+  std::vector<Free> Put(Free f) {
+    MutexLock lock(&mu_);
+    std::vector<Free> release;
+    // Buffers from Allocate were never lent: a caller that never reads through the loader must
+    // not have its freed buffers parked here.
+    if (lent_.erase(f.data) == 0 || f.capacity > limit_) {
+      release.push_back(f);
+      return release;
+    }
+    while (bytes_ + f.capacity > limit_ && !free_.empty()) {
+      release.push_back(free_.front());
+      bytes_ -= free_.front().capacity;
+      free_.erase(free_.begin());
+    }
+    free_.push_back(f);
+    bytes_ += f.capacity;
+    return release;
+  }
+
+  std::vector<Free> SetLimit(uint64_t limit) {
+    MutexLock lock(&mu_);
+    limit_ = limit;
+    std::vector<Free> release;
+    while (bytes_ > limit_ && !free_.empty()) {
+      release.push_back(free_.front());
+      bytes_ -= free_.front().capacity;
+      free_.erase(free_.begin());
+    }
+    return release;
+  }
+
+  void CountAllocated() {
+    MutexLock lock(&mu_);
+    ++allocated_;
+  }
+
+  HostBufferPoolStats Stats() {
+    MutexLock lock(&mu_);
+    return {reused_, allocated_, free_.size(), bytes_, limit_};
+  }
+
+ private:
+  BufferPool() {
+    const char* v = std::getenv("LORADB_HOST_BUFFER_POOL_BYTES");
+    uint64_t limit = 0;
+    limit_ = v != nullptr && absl::SimpleAtoi(v, &limit) ? limit : kDefaultLimit;
+  }
+  static constexpr uint64_t kDefaultLimit = uint64_t{1} << 30;
+
+  Mutex mu_;
+  std::vector<Free> free_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<const std::byte*> lent_ ABSL_GUARDED_BY(mu_);  // live, from the pool path
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t limit_ ABSL_GUARDED_BY(mu_) = kDefaultLimit;
+  uint64_t reused_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Unpins and unmaps a mapped buffer.
+void ReleaseMapped(const BufferPool::Free& f) {
+#if defined(LORADB_HAVE_CUDA)
+  if (f.pinned) (void)cudaHostUnregister(f.data);
+#endif
+  ::munmap(f.data, f.capacity);
+}
+
+bool WantPinned(bool pin) {
+#if defined(LORADB_HAVE_CUDA)
+  return pin && CudaDeviceAvailable();
+#else
+  (void)pin;
+  return false;
+#endif
+}
+
 }  // namespace
+
+HostBufferPoolStats GetHostBufferPoolStats() { return BufferPool::Get().Stats(); }
+
+void SetHostBufferPoolLimit(uint64_t bytes) {
+  for (const auto& f : BufferPool::Get().SetLimit(bytes)) ReleaseMapped(f);
+}
+
+absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::AllocateForOverwrite(uint64_t size,
+                                                                             bool pin) {
+  uint64_t capacity = AlignUp(size == 0 ? 1 : size, kHostAlignment);
+  if (capacity >= kMapThreshold) {
+    if (auto f = BufferPool::Get().Take(AlignUp(capacity, kHugePage), WantPinned(pin))) {
+      return std::unique_ptr<HostBuffer>(new HostBuffer(f->data, size, f->capacity, f->pinned,
+                                                        /*mapped=*/true));
+    }
+  }
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> fresh, Allocate(size, pin));
+  if (fresh->mapped_) BufferPool::Get().Lend(fresh->data_);
+  return fresh;
+}
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t size, bool pin) {
   uint64_t capacity = AlignUp(size == 0 ? 1 : size, kHostAlignment);
@@ -63,6 +205,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t size, 
 #endif
       p = m;
       mapped = true;
+      BufferPool::Get().CountAllocated();
     }
   } else {
     p = std::aligned_alloc(kHostAlignment, capacity);
@@ -85,14 +228,14 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t size, 
 }
 
 HostBuffer::~HostBuffer() {
+  if (mapped_) {
+    for (const auto& f : BufferPool::Get().Put({data_, capacity_, pinned_})) ReleaseMapped(f);
+    return;
+  }
 #if defined(LORADB_HAVE_CUDA)
   if (pinned_) (void)cudaHostUnregister(data_);
 #endif
-  if (mapped_) {
-    ::munmap(data_, capacity_);
-  } else {
-    std::free(data_);
-  }
+  std::free(data_);
 }
 
 }  // namespace loradb::tiers

@@ -24,13 +24,24 @@ inline constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
 
 // An owned, page-aligned allocation (large ones mmap'ed and populated at allocation; huge
 // pages only with LORADB_HOST_HUGEPAGES=1). Not copyable.
+//
+// Large (mapped) buffers from AllocateForOverwrite go back to a process-wide pool when
+// destroyed, up to a byte limit (SetHostBufferPoolLimit; default 1 GiB or
+// LORADB_HOST_BUFFER_POOL_BYTES), and AllocateForOverwrite hands them out again: populating and unmapping ~100 MB of fresh pages
+// costs ~9x more CPU than reading an adapter from the page cache into them, and pinning
+// (cudaHostRegister) more still. Buffers from Allocate are always fresh.
 class HostBuffer {
  public:
-  // Allocates `size` bytes (capacity rounded up to kHostAlignment). With `pin`, tries
-  // cudaHostRegister when built with CUDA and a device is present; `pinned()` says whether it
-  // worked. ResourceExhausted when the allocation fails.
+  // Allocates `size` bytes (capacity rounded up to kHostAlignment), never from the pool. With
+  // `pin`, tries cudaHostRegister when built with CUDA and a device is present; `pinned()` says
+  // whether it worked. ResourceExhausted when the allocation fails.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostBuffer>> Allocate(uint64_t size,
                                                                             bool pin);
+  // As Allocate, but a large buffer may come from the pool (a pooled buffer of capacity between
+  // the need and 1/8 more, pinned as asked): its bytes are unspecified, for callers that write
+  // all of [0, size) before anyone reads them (the loader).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateForOverwrite(
+      uint64_t size, bool pin);
 
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
@@ -55,6 +66,20 @@ class HostBuffer {
   bool pinned_;
   bool mapped_;  // mmap'ed (large buffers) rather than aligned_alloc'ed
 };
+
+struct HostBufferPoolStats {
+  uint64_t reused = 0;     // AllocateForOverwrite calls served from the pool
+  uint64_t allocated = 0;  // large buffers mapped fresh
+  uint64_t buffers = 0;    // buffers waiting in the pool now
+  uint64_t bytes = 0;      // their capacity
+  uint64_t limit = 0;      // the pool's byte limit
+};
+
+// The pool's counters and contents.
+HostBufferPoolStats GetHostBufferPoolStats();
+// Sets the byte limit of pooled (free) buffers, releasing the oldest ones beyond it; 0 turns
+// pooling off and empties the pool.
+void SetHostBufferPoolLimit(uint64_t bytes);
 
 // True when the CUDA runtime is compiled in and reports at least one device. Cached after the
 // first call; never fails (no GPU -> false).

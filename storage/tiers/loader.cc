@@ -359,7 +359,8 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> Loader::ReadFile(
     return fail(absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file")));
   }
   uint64_t size = static_cast<uint64_t>(sb.st_size);
-  auto buf_or = HostBuffer::Allocate(size, options_.pin_host_buffers);
+  // Every byte of [0, size) is read below: a recycled buffer will do.
+  auto buf_or = HostBuffer::AllocateForOverwrite(size, options_.pin_host_buffers);
   if (!buf_or.ok()) return fail(buf_or.status());
   std::shared_ptr<HostBuffer> buf = std::move(*buf_or);
 

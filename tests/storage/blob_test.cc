@@ -481,6 +481,12 @@ TEST(BlobRejectTest, BadGroups) {
   ExpectRejected(Craft({{"p", {2, 2}, 0, 16}}, {{0, {"m0", "m0"}}}, 64), "repeats");
   ExpectRejected(Craft({{"a", {4}, 0, 16}, {"p", {2, 2}, 64, 16}}, {{1, {"a", "m1"}}}, 128),
                  "member name \"a\"");
+  // The clash found the other way round (the group comes first), through ParseBlob's index and
+  // through ParseBlobLayout.
+  const std::string group_first =
+      Craft({{"p", {2, 2}, 0, 16}, {"m0", {4}, 64, 16}}, {{0, {"m0", "m1"}}}, 128);
+  ExpectRejected(group_first, "member name \"m0\"");
+  EXPECT_FALSE(ParseBlobLayout(Bytes(group_first), group_first.size()).ok());
   ExpectRejected(Craft({{"p", {2, 2}, 0, 16}}, {{0, {"m0", "m1"}}, {0, {"x", "y"}}}, 64),
                  "in two packed groups");
   ExpectRejected(Craft({{"p", {2, 2}, 0, 16}}, {{0, {"m0", "m1"}}}, 64, 0, /*axis=*/1),

@@ -436,6 +436,48 @@ TEST(SafetensorsAcceptTest, OutOfOrderEntriesUnknownFieldsNullMetadataEmpty) {
   EXPECT_TRUE(ParseString(MakeFile("{}", "")).ok());
 }
 
+// Parse indexes every name once while reading the header: a duplicate name is reported as such
+// even when its offsets are also wrong, and the first error in header order wins.
+TEST(SafetensorsRejectTest, DuplicateNameBeforeOffsetErrors) {
+  ExpectRejected(MakeFile(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                          R"("a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                          "ab"),
+                 "duplicate tensor name \"a\"");
+  ExpectRejected(MakeFile(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                          R"("b":{"dtype":"U8","shape":[2]},)"
+                          R"("a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})",
+                          "abcd"),
+                 "tensor \"b\": missing field \"data_offsets\"");
+}
+
+// A large header (many entries, out of offset order) parses into offset order with every name
+// findable and every view on its own bytes.
+TEST(SafetensorsAcceptTest, ManyEntriesOutOfOrder) {
+  const int n = 3000;
+  std::string header = "{";
+  std::string data;
+  for (int i = 0; i < n; ++i) data.push_back(static_cast<char>(i % 251));
+  for (int k = 0; k < n; ++k) {
+    int i = (k * 7) % n;  // a permutation of 0..n-1 (7 and 3000 are coprime)
+    if (k > 0) header += ",";
+    header += "\"layers." + std::to_string(i) +
+              ".lora_A.weight\":{\"dtype\":\"U8\",\"shape\":[1],"
+              "\"data_offsets\":[" +
+              std::to_string(i) + "," + std::to_string(i + 1) + "]}";
+  }
+  header += "}";
+  auto set = ParseString(MakeFile(header, data));
+  ASSERT_TRUE(set.ok()) << set.status();
+  ASSERT_EQ(set->size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    std::string name = "layers." + std::to_string(i) + ".lora_A.weight";
+    EXPECT_EQ(set->tensors()[static_cast<size_t>(i)].name, name);
+    const TensorView* v = set->Find(name);
+    ASSERT_NE(v, nullptr) << name;
+    EXPECT_EQ(static_cast<unsigned char>(*reinterpret_cast<const char*>(v->data)), i % 251);
+  }
+}
+
 // The reference accepts an empty tensor name; so do the reader and the writer.
 TEST(SafetensorsAcceptTest, EmptyNameRoundTrips) {
   auto set = ParseString(MakeFile(R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "z"));
