@@ -252,15 +252,19 @@ def rows_cold(r):
                      code(r.command("tiers"))])
     for l in bursts:
         n = l.get("n")
-        g = r.goal("tiers", f"cold_burst_n{n}_p95_s")
+        # Session 3 replaced "p95 < 1.4 s" by p95 vs the anchor's p95 for the same burst and vs
+        # the hardware bound (BENCHMARKS.md, tiers/cold-burst); older results keep the old name.
+        gs = [r.goal("tiers", f"cold_burst_n{n}_{k}")
+              for k in ("p95_vs_anchor", "p95_vs_bandwidth_bound", "p95_s")]
         g2 = r.goal("tiers", f"cold_burst_n{n}_total_vs_sequential")
+        gs = [g for g in gs if g] + [g2]
         p95 = l.get("admission_p95_s")
         rows.append([f"cold burst p95, N={n} unique cold adapters at once",
                      "64 adapters: end-to-end p95 21 s -> 200 s",
                      f"admission p95 {num(p95)} s (p50 {num(l.get('admission_p50_s'))} s; total / "
                      f"sequential read {num(g2['value']) if g2 else '-'})",
-                     num(200 / p95) + " (vs 200 s)" if p95 else "-", goal_text([g, g2]),
-                     met_text([g, g2]), code(r.command("tiers"))])
+                     num(200 / p95) + " (vs 200 s)" if p95 else "-", goal_text(gs),
+                     met_text(gs), code(r.command("tiers"))])
     if not bursts:
         rows.append(["cold-load burst", "1.4 s/adapter; p95 21 -> 200 s at 64", "not measured", "-",
                      "-", "not measured", code(r.command("tiers"))])
