@@ -10,8 +10,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "storage/tiers/host_buffer_pool.h"
+#include "storage/tiers/sync.h"
 
 #if defined(LORADB_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -61,7 +61,7 @@ class Pool {
  public:
   // An idle mapping of exactly `capacity` bytes and pinned state `pinned`, or nullptr.
   void* Take(uint64_t capacity, bool pinned) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = idle_.find({capacity, pinned});
     if (it == idle_.end()) {
       if (limit_ > 0) ++stats_.fresh;
@@ -76,7 +76,7 @@ class Pool {
   }
   // Keeps the mapping if the limit allows; false: the caller unmaps it.
   bool Keep(void* data, uint64_t capacity, bool pinned) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stats_.pooled_bytes + capacity > limit_) return false;
     idle_.insert({{capacity, pinned}, IdleMapping{data}});
     stats_.pooled_bytes += capacity;
@@ -85,7 +85,7 @@ class Pool {
   }
   // Sets the limit and returns the idle mappings beyond it for the caller to unmap.
   std::multimap<std::pair<uint64_t, bool>, IdleMapping> SetLimit(uint64_t bytes) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     limit_ = bytes;
     std::multimap<std::pair<uint64_t, bool>, IdleMapping> drop;
     while (stats_.pooled_bytes > limit_) {
@@ -98,18 +98,18 @@ class Pool {
     return drop;
   }
   void RaiseLimitTo(uint64_t bytes) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     limit_ = std::max(limit_, bytes);
   }
   HostBufferPoolStats stats() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     HostBufferPoolStats s = stats_;
     s.limit_bytes = limit_;
     return s;
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;  // tiers::Mutex: visible to TSan (sync.h)
   uint64_t limit_ ABSL_GUARDED_BY(mu_) = 0;
   HostBufferPoolStats stats_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::pair<uint64_t, bool>, IdleMapping> idle_ ABSL_GUARDED_BY(mu_);
