@@ -38,6 +38,7 @@
 #include "storage/tiers/cpu_cache.h"
 #include "storage/tiers/device_slots.h"
 #include "storage/tiers/eviction.h"
+#include "storage/tiers/host_buffer.h"
 #include "storage/tiers/loader.h"
 #include "storage/util/file_util.h"
 #include "storage/util/hash.h"
@@ -227,8 +228,9 @@ Trace Shifting(uint64_t n, uint64_t seed, double s) {
 // Loads (misses) of `kind` on `keys` with room for `capacity` unit-size adapters, replayed the
 // way CpuCache drives a policy: RecordAccess on every request, Touch on a hit, Insert then
 // EvictOne until within budget on a miss.
+// `shifts` (optional) receives the popularity shifts the policy detected.
 uint64_t SimulatePolicy(EvictionPolicyKind kind, const std::vector<uint64_t>& keys,
-                        uint64_t capacity) {
+                        uint64_t capacity, uint64_t* shifts = nullptr) {
   auto policy = tiers::MakeEvictionPolicy(kind, capacity, capacity);
   absl::flat_hash_set<uint64_t> resident;
   uint64_t loads = 0;
@@ -244,6 +246,7 @@ uint64_t SimulatePolicy(EvictionPolicyKind kind, const std::vector<uint64_t>& ke
     resident.insert(k);
     while (resident.size() > capacity) resident.erase(*policy->EvictOne(any));
   }
+  if (shifts != nullptr) *shifts = policy->detected_shifts();
   return loads;
 }
 
@@ -329,8 +332,10 @@ absl::Status RunTraces(const Flags& f) {
     std::map<EvictionPolicyKind, uint64_t> loads;
     for (auto kind :
          {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kWTinyLfu}) {
-      loads[kind] = SimulatePolicy(kind, t.keys, kTraceBudget);
+      uint64_t shifts = 0;
+      loads[kind] = SimulatePolicy(kind, t.keys, kTraceBudget, &shifts);
       std::string name = tiers::EvictionPolicyName(kind);
+      if (kind == EvictionPolicyKind::kWTinyLfu) line[name + "_detected_shifts"] = shifts;
       line[name + "_loads"] = loads[kind];
       line[name + "_vs_belady"] = static_cast<double>(loads[kind]) / static_cast<double>(belady);
     }
@@ -537,6 +542,93 @@ tiers::AdapterLoadFn FileLoadFn(tiers::Loader* loader, const AdapterFileSet* fil
 // cold-burst and dedup
 // ---------------------------------------------------------------------------------------------
 
+// One burst: `files.paths.size()` threads each Acquire one adapter through a fresh CPU cache after
+// a common start. Page cache dropped before; O_DIRECT reads.
+struct Burst {
+  std::vector<double> latency, load_start, load_end;  // seconds since the common start
+  double total = 0;
+  tiers::LoaderStats loader;
+  tiers::CpuCacheStats cache;
+};
+
+absl::StatusOr<Burst> RunBurst(const Flags& f, const AdapterFileSet& files) {
+  const int n = static_cast<int>(files.paths.size());
+  tiers::LoaderOptions lo;
+  lo.chunk_bytes = f.chunk_kib << 10;
+  lo.queue_depth = f.qd;
+  LORADB_ASSIGN_OR_RETURN(auto loader, tiers::Loader::Create(lo));
+  tiers::CpuCacheOptions co;
+  co.budget_bytes = files.bytes * 2;
+  co.max_inflight_loads = f.inflight;
+  co.max_queued_loads = static_cast<unsigned>(n);
+  Burst r;
+  r.latency.resize(n);
+  r.load_start.resize(n);
+  r.load_end.resize(n);
+  std::atomic<double> start_at{0};
+  tiers::AdapterLoadFn inner = FileLoadFn(loader.get(), &files);
+  auto timed = [&r, &start_at, inner](uint64_t rev) {
+    double t0 = NowSeconds();
+    auto loaded = inner(rev);
+    if (rev < r.load_start.size()) {
+      r.load_start[rev] = t0 - start_at.load();
+      r.load_end[rev] = NowSeconds() - start_at.load();
+    }
+    return loaded;
+  };
+  LORADB_ASSIGN_OR_RETURN(auto cache, tiers::CpuCache::Create(co, timed));
+  std::vector<absl::Status> errors(static_cast<size_t>(n));
+  std::vector<tiers::CpuLease> leases(static_cast<size_t>(n));
+  absl::Mutex mu;
+  bool go = false;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      {
+        absl::MutexLock lock(&mu);
+        mu.Await(absl::Condition(&go));
+      }
+      double t0 = NowSeconds();
+      auto lease = cache->Acquire(static_cast<uint64_t>(i));
+      r.latency[i] = NowSeconds() - t0;
+      if (lease.ok()) {
+        leases[i] = *std::move(lease);
+      } else {
+        errors[i] = lease.status();
+      }
+    });
+  }
+  double start = NowSeconds();
+  start_at.store(start);
+  {
+    absl::MutexLock lock(&mu);
+    go = true;
+  }
+  for (auto& t : threads) t.join();
+  r.total = NowSeconds() - start;
+  for (const auto& e : errors) LORADB_RETURN_IF_ERROR(e);
+  leases.clear();
+  r.loader = loader->stats();
+  r.cache = cache->stats();
+  cache.reset();  // joins the workers: the timeline is complete
+  return r;
+}
+
+// Faults in `count` host buffers of `size` bytes and leaves them in the pool of released
+// buffers (raising its limit to hold them), as a server would before an expected burst.
+absl::Status ReserveHostBuffers(uint64_t size, int count) {
+  const uint64_t capacity = tiers::AlignUp(tiers::AlignUp(size, tiers::kHostAlignment), 2 << 20);
+  const uint64_t want = capacity * static_cast<uint64_t>(count);
+  if (tiers::GetHostBufferPoolStats().limit < want) tiers::SetHostBufferPoolLimit(want);
+  std::vector<std::unique_ptr<tiers::HostBuffer>> held;
+  for (int i = 0; i < count; ++i) {
+    LORADB_ASSIGN_OR_RETURN(std::unique_ptr<tiers::HostBuffer> b,
+                            tiers::HostBuffer::AllocateForOverwrite(size, /*pin=*/true));
+    held.push_back(std::move(b));
+  }
+  return absl::OkStatus();  // releasing `held` parks every buffer in the pool
+}
+
 absl::Status RunColdBurst(const Flags& f) {
   int max_n = *std::max_element(f.burst.begin(), f.burst.end());
   std::string dir = f.dir + "/qwen3-4b-r16";
@@ -544,94 +636,102 @@ absl::Status RunColdBurst(const Flags& f) {
       absl::StrCat("tiers cold-burst: writing ", max_n, " Qwen3-4B rank-16 adapters to ", dir));
   LORADB_ASSIGN_OR_RETURN(AdapterFileSet files,
                           WriteAdapters(dir, "adapter", Qwen3_4B(16), max_n, 1000));
+  const uint64_t adapter_bytes = files.bytes / static_cast<uint64_t>(max_n);
+  auto ms = [](const std::vector<double>& v) {
+    std::vector<int64_t> out;
+    for (double x : v) out.push_back(static_cast<int64_t>(std::lround(x * 1000)));
+    return out;
+  };
   for (int n : f.burst) {
     AdapterFileSet subset;
     subset.paths.assign(files.paths.begin(), files.paths.begin() + n);
     subset.hashes.assign(files.hashes.begin(), files.hashes.begin() + n);
-    subset.bytes = files.bytes / static_cast<uint64_t>(max_n) * static_cast<uint64_t>(n);
+    subset.bytes = adapter_bytes * static_cast<uint64_t>(n);
     bool dropped = DropPageCache();
     LORADB_ASSIGN_OR_RETURN(double seq_before, SequentialRead(subset.paths));
-    dropped = DropPageCache() && dropped;
-
-    tiers::LoaderOptions lo;
-    lo.chunk_bytes = f.chunk_kib << 10;
-    lo.queue_depth = f.qd;
-    LORADB_ASSIGN_OR_RETURN(auto loader, tiers::Loader::Create(lo));
-    tiers::CpuCacheOptions co;
-    co.budget_bytes = subset.bytes * 2;
-    co.max_inflight_loads = f.inflight;
-    co.max_queued_loads = static_cast<unsigned>(n);
-    LORADB_ASSIGN_OR_RETURN(auto cache,
-                            tiers::CpuCache::Create(co, FileLoadFn(loader.get(), &subset)));
-    std::vector<double> latency(static_cast<size_t>(n));
-    std::vector<absl::Status> errors(static_cast<size_t>(n));
-    std::vector<tiers::CpuLease> leases(static_cast<size_t>(n));
-    absl::Mutex mu;
-    bool go = false;
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        {
-          absl::MutexLock lock(&mu);
-          mu.Await(absl::Condition(&go));
-        }
-        double t0 = NowSeconds();
-        auto lease = cache->Acquire(static_cast<uint64_t>(i));
-        latency[i] = NowSeconds() - t0;
-        if (lease.ok()) {
-          leases[i] = *std::move(lease);
-        } else {
-          errors[i] = lease.status();
-        }
-      });
+    // "fresh": the pool of released host buffers starts empty, so every load maps new memory
+    // (a process's first burst). "reserved": n buffers were faulted in and pooled before the
+    // start (tiers/host_buffer.h), as the sequential line reuses its one buffer; the difference
+    // is the cost of fresh pages.
+    std::map<std::string, Burst> bursts;
+    const uint64_t pool_limit = tiers::GetHostBufferPoolStats().limit;
+    for (const char* buffers : {"fresh", "reserved"}) {
+      const bool reserved = std::string(buffers) == "reserved";
+      tiers::SetHostBufferPoolLimit(0);  // empties the pool
+      tiers::SetHostBufferPoolLimit(pool_limit);
+      if (reserved) LORADB_RETURN_IF_ERROR(ReserveHostBuffers(adapter_bytes, n));
+      const uint64_t reused_before = tiers::GetHostBufferPoolStats().reused;
+      dropped = DropPageCache() && dropped;
+      absl::StatusOr<Burst> b = RunBurst(f, subset);
+      const uint64_t reused = tiers::GetHostBufferPoolStats().reused - reused_before;
+      tiers::SetHostBufferPoolLimit(0);
+      tiers::SetHostBufferPoolLimit(pool_limit);
+      if (!b.ok()) return b.status();
+      if (reserved && reused < static_cast<uint64_t>(n)) {
+        return absl::InternalError(absl::StrCat("cold-burst: only ", reused, " of ", n,
+                                                " loads used a reserved buffer"));
+      }
+      bursts[buffers] = *std::move(b);
     }
-    double start = NowSeconds();
-    {
-      absl::MutexLock lock(&mu);
-      go = true;
-    }
-    for (auto& t : threads) t.join();
-    double total = NowSeconds() - start;
-    for (const auto& e : errors) LORADB_RETURN_IF_ERROR(e);
-    leases.clear();
-    tiers::LoaderStats ls = loader->stats();
-    tiers::CpuCacheStats cs = cache->stats();
-    cache.reset();
     dropped = DropPageCache() && dropped;
     LORADB_ASSIGN_OR_RETURN(double seq_after, SequentialRead(subset.paths));
     double seq = std::min(seq_before, seq_after);
-    double p50 = Quantile(latency, 0.5), p95 = Quantile(latency, 0.95);
-    double mx = *std::max_element(latency.begin(), latency.end());
-    Emit({{"bench", "tiers"},
-          {"case", "cold-burst"},
-          {"n", n},
-          {"bytes", subset.bytes},
-          {"max_inflight_loads", f.inflight},
-          {"chunk_kib", f.chunk_kib},
-          {"queue_depth", f.qd},
-          {"backend", tiers::LoaderBackendName(ls.backend)},
-          {"o_direct_files", ls.o_direct_files},
-          {"page_cache_dropped", dropped},
-          {"loads", cs.loads},
-          {"admission_p50_s", p50},
-          {"admission_p95_s", p95},
-          {"admission_max_s", mx},
-          {"total_s", total},
-          {"total_gbps", static_cast<double>(subset.bytes) / total / 1e9},
-          {"sequential_s", seq},
-          {"sequential_before_s", seq_before},
-          {"sequential_after_s", seq_after},
-          {"sequential_gbps", static_cast<double>(subset.bytes) / seq / 1e9},
-          // With all N requested at once and the disk the bottleneck, no order of service gets
-          // the 95th percentile admitted before 95% of the bytes are read (at the sequential
-          // rate; parallel reads may beat it on some devices).
-          {"p95_bandwidth_bound_s", 0.95 * seq},
-          {"p95_vs_bandwidth_bound", p95 / (0.95 * seq)}});
-    EmitGoal("tiers", absl::StrCat("cold_burst_n", n, "_total_vs_sequential"), total / seq, "<= 2",
-             total / seq <= 2.0);
-    EmitGoal("tiers", absl::StrCat("cold_burst_n", n, "_p95_s"), p95, "< 1.4", p95 < 1.4);
-    EmitGoal("tiers", absl::StrCat("cold_burst_n", n, "_per_adapter_s"), total / n, "< 1.4",
-             total / n < 1.4);
+    for (const auto& [buffers, b] : bursts) {
+      double p50 = Quantile(b.latency, 0.5), p95 = Quantile(b.latency, 0.95);
+      double mx = *std::max_element(b.latency.begin(), b.latency.end());
+      double load_sum = 0;
+      for (int i = 0; i < n; ++i) load_sum += b.load_end[i] - b.load_start[i];
+      Emit({{"bench", "tiers"},
+            {"case", "cold-burst"},
+            {"n", n},
+            {"buffers", buffers},
+            {"bytes", subset.bytes},
+            {"max_inflight_loads", f.inflight},
+            {"chunk_kib", f.chunk_kib},
+            {"queue_depth", f.qd},
+            {"backend", tiers::LoaderBackendName(b.loader.backend)},
+            {"o_direct_files", b.loader.o_direct_files},
+            {"page_cache_dropped", dropped},
+            {"loads", b.cache.loads},
+            {"admission_p50_s", p50},
+            {"admission_p95_s", p95},
+            {"admission_max_s", mx},
+            {"total_s", b.total},
+            {"total_gbps", static_cast<double>(subset.bytes) / b.total / 1e9},
+            {"sequential_s", seq},
+            {"sequential_before_s", seq_before},
+            {"sequential_after_s", seq_after},
+            {"sequential_gbps", static_cast<double>(subset.bytes) / seq / 1e9},
+            // With all N requested at once and the disk the bottleneck, no order of service
+            // gets the 95th percentile admitted before 95% of the bytes are read (at the
+            // sequential rate; parallel reads may beat it on some devices).
+            {"p95_bandwidth_bound_s", 0.95 * seq},
+            {"p95_vs_bandwidth_bound", p95 / (0.95 * seq)},
+            {"anchor_p95_s", 0.95 * n * 1.4},
+            {"load_mean_s", load_sum / n},
+            {"load_start_ms", ms(b.load_start)},
+            {"load_end_ms", ms(b.load_end)}});
+      // Goal lines: the default path (fresh buffers) keeps the goal names; the reserved run
+      // adds "_reserved".
+      const std::string id =
+          buffers == "fresh" ? absl::StrCat("n", n) : absl::StrCat("n", n, "_reserved");
+      EmitGoal("tiers", absl::StrCat("cold_burst_", id, "_total_vs_sequential"), b.total / seq,
+               "<= 2", b.total / seq <= 2.0);
+      // The vLLM anchor admits cold adapters one by one at ~1.4 s each. "p95 far below" it,
+      // read three ways from this run's figures (BENCHMARKS.md, tiers/cold-burst, says why):
+      // (1) the per-adapter admission cost of the burst (total / N) at least 10x below 1.4 s;
+      // (2) p95 at least 10x below the anchor's p95 for the same burst: one-by-one admission
+      //     puts the 95th-percentile adapter behind 0.95 N others, 0.95 N x 1.4 s;
+      // (3) p95 within 2x of the hardware bound (0.95 x the sequential read), as the total.
+      const double anchor_s = 1.4;
+      const double anchor_p95 = 0.95 * n * anchor_s;
+      EmitGoal("tiers", absl::StrCat("cold_burst_", id, "_per_adapter_s"), b.total / n,
+               absl::StrCat("<= ", anchor_s / 10), b.total / n <= anchor_s / 10);
+      EmitGoal("tiers", absl::StrCat("cold_burst_", id, "_p95_vs_anchor"), p95 / anchor_p95,
+               "<= 0.1", p95 / anchor_p95 <= 0.1);
+      EmitGoal("tiers", absl::StrCat("cold_burst_", id, "_p95_vs_bandwidth_bound"),
+               p95 / (0.95 * seq), "<= 2", p95 / (0.95 * seq) <= 2.0);
+    }
   }
   if (!f.keep) std::filesystem::remove_all(dir);
   return absl::OkStatus();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <deque>
 #include <list>
 #include <vector>
 
@@ -146,20 +147,22 @@ class S3FifoPolicy final : public EvictionPolicy {
 
 // Count-min sketch with 4 rows of saturating 8-bit counters and conservative update (only the
 // counters at the key's current minimum grow, which keeps collisions from inflating estimates),
-// halved after a sample period so old popularity fades.
+// halved after a sample period so old popularity fades, and cleared when a popularity shift is
+// detected (see ShiftDetector).
 class FrequencySketch {
  public:
-  // Rows of 4x `expected_entries` counters; halving every 80x `expected_entries` increments.
+  // Rows of 16x `expected_entries` counters; halving every 320x `expected_entries` increments.
   // Chosen on the trace benchmark (BENCHMARKS.md, tiers/traces): 4-bit counters and plain
-  // count-min updates could not tell the marginal members of a 512-key Zipf hot set apart; a
-  // shorter period (20x-40x) forgets too fast on skewed traces, a longer one (120x) adapts
-  // too slowly when popularity shifts.
+  // count-min updates could not tell the marginal members of a 512-key Zipf hot set apart; with
+  // shifts handled by the detector, a long period (320x; 80x before session 3) counts the
+  // marginal keys precisely enough, and rows of 16x (4x before) keep the long period from
+  // inflating the estimates of fresh keys.
   explicit FrequencySketch(uint64_t expected_entries) {
     uint64_t n = std::max<uint64_t>(expected_entries, 16);
-    uint64_t width = std::bit_ceil(n * 4);
+    uint64_t width = std::bit_ceil(n * 16);
     mask_ = width - 1;
     table_.assign(width * 4, 0);
-    sample_ = n * 80;
+    sample_ = n * 320;
   }
   void Increment(uint64_t key) {
     uint64_t h = Mix(key);
@@ -183,6 +186,11 @@ class FrequencySketch {
     for (int row = 0; row < 4; ++row) m = std::min<int>(m, table_[Index(h, row)]);
     return m;
   }
+  // Forgets every count.
+  void Clear() {
+    std::fill(table_.begin(), table_.end(), uint8_t{0});
+    additions_ = 0;
+  }
 
  private:
   size_t Index(uint64_t h, int row) const {
@@ -195,25 +203,88 @@ class FrequencySketch {
   uint64_t additions_ = 0;
 };
 
+// Notices when the popular keys change wholesale, so the frequency history can be dropped
+// instead of decaying for tens of thousands of requests. The signal is the rate of
+// re-reference misses: misses on a key that was already requested within the last 2x
+// `entries` requests (an exact, bounded history). After a shift most requests go to new keys
+// that come back quickly and miss, because the sketch still favours the old ones; a scan's
+// keys are new (no re-reference), and a stationary workload keeps the rate steady. A shift is
+// reported when the short-run rate (EWMA over ~entries/2 requests) exceeds twice the long-run
+// rate (EWMA over ~32x entries) plus 0.05, at most once per 16x entries requests and not
+// before 32x entries requests were seen. Measured on the trace benchmark: it fires on every
+// shift of the shifting trace within ~100 requests and never on the other traces.
+class ShiftDetector {
+ public:
+  // `entries` below 256 count as 256: shorter averages are too noisy to tell a shift from
+  // chance (a 64-entry cache fired on a stationary workload in the tests).
+  explicit ShiftDetector(uint64_t entries)
+      : entries_(std::max<uint64_t>(entries, 256)), horizon_(2 * entries_) {}
+
+  // A request for `key` at request number `tick`.
+  void Request(uint64_t key, uint64_t tick) {
+    auto [it, fresh] = seen_.try_emplace(key, Seen{tick, 0});
+    if (!fresh) it->second = {tick, it->second.last};
+    history_.push_back({key, tick});
+    while (history_.size() > horizon_) {
+      auto [k, t] = history_.front();
+      history_.pop_front();
+      if (auto f = seen_.find(k); f != seen_.end() && f->second.last == t) seen_.erase(f);
+    }
+  }
+  // Whether the latest request for `key` followed an earlier one within the history.
+  bool ReRequested(uint64_t key) const {
+    auto it = seen_.find(key);
+    return it != seen_.end() && it->second.previous != 0;
+  }
+  // A hit, or a miss that was (`re_reference`) or was not a re-reference; true when a shift is
+  // detected now.
+  bool Observe(bool re_reference_miss, uint64_t tick) {
+    const double x = re_reference_miss ? 1.0 : 0.0;
+    const double n = static_cast<double>(entries_);
+    short_rate_ += (x - short_rate_) / (n / 2);
+    long_rate_ += (x - long_rate_) / (n * 32);
+    if (tick < 32 * entries_ || tick - last_shift_ < 16 * entries_) return false;
+    if (short_rate_ <= 2 * long_rate_ + 0.05) return false;
+    last_shift_ = tick;
+    long_rate_ = short_rate_;
+    return true;
+  }
+
+ private:
+  struct Seen {
+    uint64_t last;      // tick of the latest request
+    uint64_t previous;  // tick of the one before it within the history; 0 if none
+  };
+  uint64_t entries_, horizon_;
+  absl::flat_hash_map<uint64_t, Seen> seen_;
+  std::deque<std::pair<uint64_t, uint64_t>> history_;  // (key, tick), oldest first
+  double short_rate_ = 0, long_rate_ = 0;
+  uint64_t last_shift_ = 0;
+};
+
 class WTinyLfuPolicy final : public EvictionPolicy {
  public:
   WTinyLfuPolicy(uint64_t capacity, uint64_t expected_entries)
       : window_quota_(std::max<uint64_t>(capacity / 100, 1)),
         main_quota_(capacity - std::min(capacity, window_quota_)),
         protected_quota_(main_quota_ / 10 * 8),
-        idle_period_(std::max<uint64_t>(expected_entries, 1) * 16),
-        sketch_(expected_entries) {}
+        idle_period_(std::max<uint64_t>(expected_entries, 1) * 64),
+        sketch_(expected_entries),
+        detector_(expected_entries) {}
 
   void RecordAccess(uint64_t key) override {
     sketch_.Increment(key);
     ++tick_;
+    detector_.Request(key, tick_);
   }
   void Insert(uint64_t key, uint64_t bytes) override {
+    if (detector_.Observe(detector_.ReRequested(key), tick_)) OnShift();
     Push(kWindow, {key, bytes, kWindow, tick_});
   }
   void Touch(uint64_t key) override {
     auto it = pos_.find(key);
     if (it == pos_.end()) return;
+    if (detector_.Observe(false, tick_)) OnShift();
     it->second->last_access = tick_;
     Seg s = it->second->seg;
     if (s == kWindow || s == kProtected) {
@@ -232,6 +303,7 @@ class WTinyLfuPolicy final : public EvictionPolicy {
     q_[it->second->seg].erase(it->second);
     pos_.erase(it);
   }
+  uint64_t detected_shifts() const override { return shifts_; }
   std::optional<uint64_t> EvictOne(const std::function<bool(uint64_t)>& can_evict) override {
     while (bytes_[kWindow] > window_quota_) {
       auto cand = LastEvictable(kWindow, can_evict);
@@ -243,9 +315,9 @@ class WTinyLfuPolicy final : public EvictionPolicy {
       auto victim = LastEvictable(kProbation, can_evict);
       if (!victim) victim = LastEvictable(kProtected, can_evict);
       if (victim) victim = LeastFrequentNear(*victim, can_evict);
-      // The candidate must beat the victim by more than one count (hysteresis: equally popular
-      // keys swapping places is a load each time for nothing).
-      if (victim && sketch_.Estimate((*cand)->key) > VictimFrequency(*victim) + 1) {
+      // The candidate must be strictly more frequent (ties keep the resident key: equally
+      // popular keys swapping places is a load each time for nothing).
+      if (victim && sketch_.Estimate((*cand)->key) > VictimFrequency(*victim)) {
         uint64_t key = (*victim)->key;
         Move(*cand, kProbation);
         Erase(key);
@@ -294,12 +366,21 @@ class WTinyLfuPolicy final : public EvictionPolicy {
     return best;
   }
 
-  // The victim's sketch frequency, halved for every idle_period_ requests since it was last
-  // requested: a key that was popular before a shift stops blocking the new popular keys
+  // The victim's sketch frequency, halved for every idle_period_ (64x entries) requests since it
+  // was last requested: a key that was popular before a shift stops blocking the new popular keys
   // before the sketch's global halving catches up.
   int VictimFrequency(Iter it) const {
     const uint64_t halvings = (tick_ - it->last_access) / idle_period_;
     return halvings >= 8 ? 0 : sketch_.Estimate(it->key) >> halvings;
+  }
+
+  // A popularity shift: forget the frequency history and put every protected entry back on
+  // probation (most recently used first), so the new popular keys are admitted against the old
+  // ones on their fresh counts.
+  void OnShift() {
+    ++shifts_;
+    sketch_.Clear();
+    while (!q_[kProtected].empty()) Move(std::prev(q_[kProtected].end()), kProbation);
   }
 
   void Push(Seg s, Node n) {
@@ -326,6 +407,8 @@ class WTinyLfuPolicy final : public EvictionPolicy {
   uint64_t idle_period_;
   uint64_t tick_ = 0;  // requests seen (RecordAccess calls)
   FrequencySketch sketch_;
+  ShiftDetector detector_;
+  uint64_t shifts_ = 0;
   std::list<Node> q_[3];  // front: most recent
   uint64_t bytes_[3] = {0, 0, 0};
   absl::flat_hash_map<uint64_t, Iter> pos_;

@@ -8,10 +8,12 @@
 //   recently evicted keys sends returning keys straight to main.
 // - W-TinyLFU (Einziger et al., 2017): a 1% LRU window, then a segmented-LRU main area
 //   (probation 20%, protected 80%); a window victim enters main only if a count-min sketch
-//   (8-bit counters, conservative update, halved every 80x-entries samples) says it is more
-//   frequent than main's victim by more than one count. Main's victim is the least frequent of
-//   the 64 coldest probation entries, a count being halved per 16x-entries requests the entry
-//   has been idle. The default: see BENCHMARKS.md, section tiers/traces.
+//   (8-bit counters, conservative update, halved every 320x-entries samples) says it is more
+//   frequent than main's victim. Main's victim is the least frequent of the 64 coldest
+//   probation entries, a count being halved per 64x-entries requests the entry has been idle.
+//   A shift detector (a jump in misses on recently re-requested keys) clears the sketch and
+//   puts protected entries back on probation when the popular keys change wholesale. The
+//   default: see BENCHMARKS.md, section tiers/traces.
 #ifndef LORADB_STORAGE_TIERS_EVICTION_H_
 #define LORADB_STORAGE_TIERS_EVICTION_H_
 
@@ -47,6 +49,8 @@ class EvictionPolicy {
   // Picks a resident key for which `can_evict` is true, forgets it and returns it; nullopt
   // when no resident key may be evicted.
   virtual std::optional<uint64_t> EvictOne(const std::function<bool(uint64_t)>& can_evict) = 0;
+  // Popularity shifts the policy detected and reacted to (W-TinyLFU; 0 for the others).
+  virtual uint64_t detected_shifts() const { return 0; }
 };
 
 // A policy for a cache of `capacity_bytes`; `expected_entries` sizes frequency sketches.

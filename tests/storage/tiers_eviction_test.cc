@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
 #include <set>
 
 #include "storage/tiers/eviction.h"
@@ -83,6 +85,70 @@ TEST_P(ScanResistanceTest, NeverEvictsWhatTheCallerForbids) {
     EXPECT_TRUE(evicted.insert(*v).second);
   }
   EXPECT_EQ(evicted.size(), 6u);  // 1 2 4 5 7 8
+}
+
+// Requests drawn from `hot` (90%, rank k with weight 1/(k+1)) and from fresh one-time ids
+// (10%), `n` of them.
+void AppendSkewed(const std::vector<uint64_t>& hot, int n, std::mt19937_64& rng,
+                  uint64_t* next_fresh, std::vector<uint64_t>* keys) {
+  std::vector<double> cdf;
+  double sum = 0;
+  for (size_t k = 0; k < hot.size(); ++k) cdf.push_back(sum += 1.0 / static_cast<double>(k + 1));
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int i = 0; i < n; ++i) {
+    if (u(rng) < 0.1) {
+      keys->push_back((*next_fresh)++);
+      continue;
+    }
+    size_t k = std::lower_bound(cdf.begin(), cdf.end(), u(rng) * sum) - cdf.begin();
+    keys->push_back(hot[std::min(k, hot.size() - 1)]);
+  }
+}
+
+// The popular keys change wholesale: W-TinyLFU detects the shift once, and the new hot keys
+// take over the cache quickly (before the fix they waited for their old rivals' counts to
+// decay, tens of thousands of requests).
+TEST(WTinyLfuShiftTest, DetectsAShiftAndAdmitsTheNewHotSet) {
+  const size_t kCapacity = 64;
+  auto p = MakeEvictionPolicy(EvictionPolicyKind::kWTinyLfu, kCapacity, kCapacity);
+  std::mt19937_64 rng(7);
+  uint64_t fresh = 1'000'000;
+  std::vector<uint64_t> a, b, keys;
+  for (uint64_t k = 0; k < 128; ++k) a.push_back(k);
+  for (uint64_t k = 500; k < 628; ++k) b.push_back(k);
+  AppendSkewed(a, 20'000, rng, &fresh, &keys);
+  std::set<uint64_t> resident;
+  Replay(*p, keys, kCapacity, &resident);
+  EXPECT_EQ(p->detected_shifts(), 0u) << "a stationary workload is not a shift";
+  keys.clear();
+  AppendSkewed(b, 1'000, rng, &fresh, &keys);
+  Replay(*p, keys, kCapacity, &resident);
+  EXPECT_EQ(p->detected_shifts(), 1u);
+  int new_hot = 0;
+  for (uint64_t k = 500; k < 532; ++k) new_hot += resident.contains(k);
+  EXPECT_GE(new_hot, 28) << "of the 32 most popular new keys, 1,000 requests after the shift";
+}
+
+// Scans of one-time keys between stretches of a stationary hot set are not shifts: the
+// detector stays quiet and the hot set survives every scan.
+TEST(WTinyLfuShiftTest, ScansAreNotShifts) {
+  const size_t kCapacity = 64;
+  auto p = MakeEvictionPolicy(EvictionPolicyKind::kWTinyLfu, kCapacity, kCapacity);
+  std::mt19937_64 rng(8);
+  uint64_t fresh = 1'000'000;
+  std::vector<uint64_t> hot;
+  for (uint64_t k = 0; k < 128; ++k) hot.push_back(k);
+  std::set<uint64_t> resident;
+  for (int round = 0; round < 10; ++round) {
+    std::vector<uint64_t> keys;
+    AppendSkewed(hot, 5'000, rng, &fresh, &keys);
+    for (int i = 0; i < 500; ++i) keys.push_back(fresh++);  // the scan
+    Replay(*p, keys, kCapacity, &resident);
+    int top = 0;
+    for (uint64_t k = 0; k < 16; ++k) top += resident.contains(k);
+    EXPECT_GE(top, 15) << "round " << round;
+  }
+  EXPECT_EQ(p->detected_shifts(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, ScanResistanceTest,
