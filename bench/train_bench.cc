@@ -7,8 +7,10 @@
 //   concurrent  K = 3 GRPO policies (tiny dense base, fp32) for the same number of steps each,
 //               one after another vs time-sliced (TrainTimeSliced: `--workers` threads step
 //               cohorts of `--cohort` policies, whose rollouts share decode batches and whose
-//               rows share forward/backward, in `--sliced-micro-batches` micro-batches). Both
-//               arms use `--threads` LibTorch intra-op threads, each in its own child process.
+//               rows share forward/backward, in `--sliced-micro-batches` micro-batches). Each
+//               arm runs in its own child process; the time-sliced one runs `--workers` workers of
+//               `--threads` LibTorch intra-op threads, the sequential one gets the same cores as
+//               `--threads` x `--workers` intra-op threads.
 //               Goals: wall-time ratio >= 1.5 and peak RSS within 10%.
 // Flags: --layers N (handoff base depth, default 28 = Qwen3-0.6B); concurrent: --steps N (10),
 // --threads N (1), --workers N (2), --cohort N (1), --sliced-micro-batches N (2), --prompts N
@@ -390,16 +392,20 @@ absl::Status RunConcurrent(const Flags& f) {
   const double load0 = LoadAverage1m();
   double seq_s = 0, sliced_s = 0;
   int64_t seq_rss = 0, sliced_rss = 0;
-  LORADB_RETURN_IF_ERROR(run_child("sequential", f.threads, &seq_s, &seq_rss));
+  // The sequential arm gets the cores the time-sliced arm's workers use, as intra-op threads:
+  // the speedup must come from scheduling, not from more cores.
+  const int64_t seq_threads = f.threads * f.workers;
+  LORADB_RETURN_IF_ERROR(run_child("sequential", seq_threads, &seq_s, &seq_rss));
   LORADB_RETURN_IF_ERROR(run_child("time_sliced", f.threads, &sliced_s, &sliced_rss));
   const double ratio = seq_s / sliced_s;
   const double rss_ratio = static_cast<double>(sliced_rss) / static_cast<double>(seq_rss);
   nlohmann::json summary = {{"bench", "train"},          {"case", "concurrent_summary"},
                             {"threads", f.threads},      {"workers", f.workers},
+                            {"sequential_threads", seq_threads},
                             {"speedup", ratio},          {"peak_rss_ratio", rss_ratio},
                             {"loadavg_1m_start", load0}, {"loadavg_1m_end", LoadAverage1m()}};
   if (f.reference_threads > 0) {
-    // The sequential arm given the time-sliced arm's cores as intra-op threads instead.
+    // The sequential arm again, with another intra-op thread count.
     double ref_s = 0;
     int64_t ref_rss = 0;
     LORADB_RETURN_IF_ERROR(run_child("sequential", f.reference_threads, &ref_s, &ref_rss));
