@@ -25,36 +25,6 @@
 namespace loradb::distributed {
 namespace {
 
-#define SKIP_WITHOUT_C10D()                                             \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (!dist::C10dAvailable(&why)) GTEST_SKIP() << "no c10d: " << why; \
-  } while (0)
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-CliRun Cli(const TempDir& dir, const std::string& store, const std::string& args) {
-  CliRun r;
-  const std::string out = dir.file("stdout"), err = dir.file("stderr");
-  const std::string cmd = absl::StrCat("'", LORADB_CLI_PATH, "' --store '", store, "' ", args,
-                                       " >'", out, "' 2>'", err, "'");
-  const int st = std::system(cmd.c_str());
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  return r;
-}
-
 // Exports revision `rev` at TP 1, 2 and 4 (separate processes over Gloo) into three policies:
 // the three blobs are the same bytes (equal content hashes).
 void ExpectTpExportsMatchTp1(const std::string& name, const std::vector<int>& degrees) {
@@ -104,9 +74,10 @@ TEST(TpExport, PackedMoeShardsGatheredFrom2ProcessesMatchTheTp1Export) {
 TEST(TpExport, ARankDyingMidGatherFailsClearlyAndPublishesNothing) {
   SKIP_WITHOUT_C10D();
   TpFixture f("tiny-dense");
-  CliRun r = Cli(f.dir, f.options.store_dir,
-                 absl::StrCat("tp-export --tp 2 --from-revision ", f.options.revisions[0],
-                              " --policy out/dead --alias serving --die-rank 1 --timeout-ms 20000"));
+  CliRun r =
+      Cli(f.dir, f.options.store_dir,
+          absl::StrCat("tp-export --tp 2 --from-revision ", f.options.revisions[0],
+                       " --policy out/dead --alias serving --die-rank 1 --timeout-ms 20000"));
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("tensor-parallel export aborted, nothing published"), std::string::npos)
       << r.err;

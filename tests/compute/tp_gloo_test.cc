@@ -23,36 +23,6 @@
 namespace loradb::distributed {
 namespace {
 
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-CliRun Cli(const TempDir& dir, const std::string& store, const std::string& args) {
-  CliRun r;
-  const std::string out = dir.file("stdout"), err = dir.file("stderr");
-  const std::string cmd = absl::StrCat("'", LORADB_CLI_PATH, "' --store '", store, "' ", args,
-                                       " >'", out, "' 2>'", err, "'");
-  const int st = std::system(cmd.c_str());
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  return r;
-}
-
-#define SKIP_WITHOUT_C10D()                                             \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (!dist::C10dAvailable(&why)) GTEST_SKIP() << "no c10d: " << why; \
-  } while (0)
-
 struct Decoded {
   std::vector<std::vector<int64_t>> tokens;
   std::vector<std::vector<float>> logits;
