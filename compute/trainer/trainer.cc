@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "storage/util/status_macros.h"
@@ -578,44 +580,61 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
     in.lora = adapters.empty() ? nullptr : &lora;
     in.last_row_logits_only = true;
     LORADB_ASSIGN_OR_RETURN(model::ForwardOutput out, model_->Forward(in, &cache));
+    // Every row's distribution at once (vectorized): log Z at temperature 1, and for sampled
+    // rows exp((logit - max) / T) and its running sum, which the row's uniform draw searches.
+    // A distribution per distinct (logits row, temperature): the samples of a prefilled prompt
+    // share its row.
     at::Tensor logits = out.logits.to(at::kCPU, at::kDouble).contiguous();
+    std::map<std::pair<size_t, double>, int64_t> dist_of;
+    std::vector<int64_t> dist_row;
+    std::vector<double> inv_t;
+    std::vector<int64_t> dist(active.size());
+    for (size_t k = 0; k < active.size(); ++k) {
+      const double t = requests[active[k]].temperature;
+      auto [it, fresh] = dist_of.emplace(std::make_pair(row_of[k], t), dist_row.size());
+      if (fresh) {
+        dist_row.push_back(static_cast<int64_t>(row_of[k]));
+        inv_t.push_back(t > 0 ? 1.0 / t : 1.0);
+      }
+      dist[k] = it->second;
+    }
+    const int64_t n_dist = static_cast<int64_t>(dist_row.size());
+    at::Tensor mx = std::get<0>(logits.max(-1, /*keepdim=*/true));
+    at::Tensor shifted = logits - mx;
+    at::Tensor log_z = (mx.squeeze(1) + shifted.exp().sum(-1).log()).contiguous();
+    at::Tensor scaled =
+        (shifted.index_select(0, at::from_blob(dist_row.data(), {n_dist}, at::kLong)) *
+         at::from_blob(inv_t.data(), {n_dist, 1}, at::kDouble))
+            .contiguous();
+    at::Tensor cdf = scaled.exp().cumsum(-1).contiguous();
     const double* base = logits.data_ptr<double>();
+    const double* scaled_base = scaled.data_ptr<double>();
+    const double* cdf_base = cdf.data_ptr<double>();
+    const double* log_z_base = log_z.data_ptr<double>();
     std::vector<size_t> still;
     for (size_t k = 0; k < active.size(); ++k) {
       const size_t i = active[k];
       const SampleRequest& r = requests[i];
       const double* row = base + row_of[k] * vocab;
-      double mx = row[0];
-      for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, row[v]);
-      double z = 0;
-      for (int64_t v = 0; v < vocab; ++v) z += std::exp(row[v] - mx);
-      const double log_z = mx + std::log(z);
+      const double* c = cdf_base + dist[k] * vocab;
       int64_t tok = 0;
       if (r.temperature == 0) {
         tok = std::max_element(row, row + vocab) - row;
       } else {
         Rng& rng = r.policy < 0 ? base_rng_ : policies_[r.policy].rng;
-        double zt = 0;
-        for (int64_t v = 0; v < vocab; ++v) zt += std::exp((row[v] - mx) / r.temperature);
-        double u = rng.Uniform() * zt;
-        tok = vocab - 1;
-        for (int64_t v = 0; v < vocab; ++v) {
-          u -= std::exp((row[v] - mx) / r.temperature);
-          if (u < 0) {
-            tok = v;
-            break;
-          }
-        }
+        // The first token whose running sum passes u (the last one if rounding leaves u at
+        // the very top).
+        const double u = rng.Uniform() * c[vocab - 1];
+        tok = std::min<int64_t>(std::upper_bound(c, c + vocab, u) - c, vocab - 1);
       }
       SampleResult& res = results[i];
       res.tokens.push_back(tok);
       if (r.temperature == 0 || r.temperature == 1) {
-        res.logprobs.push_back(static_cast<float>(row[tok] - log_z));
+        res.logprobs.push_back(static_cast<float>(row[tok] - log_z_base[row_of[k]]));
       } else {
         // log softmax(row / T) at tok.
-        double zt = 0;
-        for (int64_t v = 0; v < vocab; ++v) zt += std::exp((row[v] - mx) / r.temperature);
-        res.logprobs.push_back(static_cast<float>((row[tok] - mx) / r.temperature - std::log(zt)));
+        const double* sc = scaled_base + dist[k] * vocab;
+        res.logprobs.push_back(static_cast<float>(sc[tok] - std::log(c[vocab - 1])));
       }
       const bool stop =
           std::find(r.stop_tokens.begin(), r.stop_tokens.end(), tok) != r.stop_tokens.end();
