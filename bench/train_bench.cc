@@ -12,8 +12,8 @@
 //               `--threads` LibTorch intra-op threads, the sequential one gets the same cores as
 //               `--threads` x `--workers` intra-op threads.
 //               Goals: wall-time ratio >= 1.5 and peak RSS within 10%.
-// Flags: --layers N (handoff base depth, default 28 = Qwen3-0.6B); concurrent: --steps N (10),
-// --threads N (1), --workers N (2), --cohort N (1), --sliced-micro-batches N (2), --prompts N
+// Flags: --layers N (handoff base depth, default 28 = Qwen3-0.6B); concurrent: --steps N (20),
+// --threads N (1), --workers N (2), --cohort N (1), --sliced-micro-batches N (1), --prompts N
 // and --group N (GRPO prompts x samples per policy-step, 8 x 8), --reference-threads N (also
 // run the sequential arm with N intra-op threads; off by default).
 #ifdef LORADB_COMPUTE_AVAILABLE
@@ -53,13 +53,13 @@ using trainer::Trainer;
 struct Flags {
   std::string which = "all";
   int64_t layers = 28;
-  int64_t steps = 10;
+  int64_t steps = 20;  // ~1 s per arm on two cores: long enough to average scheduling noise
   // concurrent: LibTorch intra-op threads of both arms, GRPO prompts x group per policy-step,
   // and the time-sliced arm's micro-batches per shared step.
   int64_t threads = 1;
   int64_t prompts = 8;
   int64_t group = 8;
-  int64_t sliced_micro_batches = 2;
+  int64_t sliced_micro_batches = 1;
   int64_t workers = 2;  // time-sliced: scheduler threads
   int64_t cohort = 1;   // time-sliced: policies per shared step
   // > 0: also run the sequential arm with this many intra-op threads (a reference line).
@@ -348,6 +348,7 @@ absl::Status RunConcurrentChild(const Flags& f) {
         {"sample_s", sample_s},
         {"forward_backward_s", fb_s},
         {"optim_s", optim_s},
+        {"loss_forward_rows", t.loss_forward_rows()},
         {"peak_rss_bytes", PeakRssBytes()}});
   return absl::OkStatus();
 }

@@ -20,10 +20,22 @@ struct Qwen3Model::Context {
   std::vector<KvCache::SeqId> cache_seqs;
   KvCache* cache = nullptr;
   at::Tensor cos, sin;  // [rows, head_dim] in the model dtype
-  // > 0 when every sequence has this many new tokens and (with a cache) the same past length
+  // The sequences that continue none (ForwardInput::continues), first in the batch: their
+  // lengths and rows.
+  std::vector<int64_t> root_lens;
+  int64_t root_rows = 0;
+  // > 0 when every such sequence has this many new tokens and (with a cache) the same past length
   // `uniform_past`: attention then runs as one batched matmul instead of a loop over sequences.
   int64_t uniform_len = 0;
   int64_t uniform_past = 0;
+  // The continuing sequences, after the roots: their lengths, and the first row and length of
+  // the sequence each continues.
+  std::vector<int64_t> cont_lens, cont_prefix_row, cont_prefix_len;
+  // > 0 when every continuing sequence has this many tokens and its prefix `cont_uniform_prefix`
+  // tokens: one batched attention over the rows in `cont_prefix_index` ([S * prefix]).
+  int64_t cont_uniform_len = 0;
+  int64_t cont_uniform_prefix = 0;
+  at::Tensor cont_prefix_index;
 };
 
 namespace {
@@ -209,11 +221,25 @@ at::Tensor Qwen3Model::Project(const Context& ctx, const at::Tensor& x, const at
   return y;
 }
 
+namespace {
+
+// [.., kv_heads, T, hd] -> [.., kv_heads * rep, T, hd] (grouped-query attention).
+at::Tensor RepeatKv(const at::Tensor& t, int64_t rep) {
+  if (rep == 1) return t;
+  std::vector<int64_t> expanded(t.sizes().begin(), t.sizes().end());
+  const int64_t d = t.dim() - 3;  // the kv_heads dim
+  expanded.insert(expanded.begin() + d + 1, rep);
+  std::vector<int64_t> merged(t.sizes().begin(), t.sizes().end());
+  merged[d] *= rep;
+  return t.unsqueeze(d + 1).expand(expanded).reshape(merged);
+}
+
+}  // namespace
+
 at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t layer,
                                  const at::Tensor& x) const {
   const int64_t rows = x.size(0), hd = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads;
-  const int64_t rep = nh / kvh;
   at::Tensor q = Project(ctx, x, l.q, l.q_bias, layer, LoraTarget::kQ).view({rows, nh, hd});
   at::Tensor k = Project(ctx, x, l.k, l.k_bias, layer, LoraTarget::kK).view({rows, kvh, hd});
   at::Tensor v = Project(ctx, x, l.v, l.v_bias, layer, LoraTarget::kV).view({rows, kvh, hd});
@@ -222,12 +248,31 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
   const at::Tensor cos = ctx.cos.unsqueeze(1), sin = ctx.sin.unsqueeze(1);
   q = q * cos + RotateHalf(q) * sin;
   k = k * cos + RotateHalf(k) * sin;
-  const double scaling = 1.0 / std::sqrt(static_cast<double>(hd));
+  at::Tensor attn;
+  if (ctx.root_rows == rows) {
+    attn = AttendCausal(ctx, layer, q, k, v);
+  } else {
+    const int64_t rr = ctx.root_rows;
+    attn = at::cat(
+        {AttendCausal(ctx, layer, q.narrow(0, 0, rr), k.narrow(0, 0, rr), v.narrow(0, 0, rr)),
+         AttendContinuations(ctx, q.narrow(0, rr, rows - rr), k, v)},
+        0);
+  }
+  return ReducePartial(Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO));
+}
 
-  if (ctx.uniform_len > 0 && ctx.seq_lens.size() > 1) {
+at::Tensor Qwen3Model::AttendCausal(const Context& ctx, int64_t layer, const at::Tensor& q,
+                                    at::Tensor k, at::Tensor v) const {
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads;
+  const int64_t rep = nh / kvh;
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(hd));
+  const std::vector<int64_t>& lens = ctx.root_lens;
+
+  if (ctx.uniform_len > 0 && lens.size() > 1) {
     // S sequences of n new tokens each, all with `past` cached tokens: one batched attention
     // (a training batch, or a decode step of equally long rollouts), the same math as the loop.
-    const int64_t seqs = static_cast<int64_t>(ctx.seq_lens.size());
+    const int64_t seqs = static_cast<int64_t>(lens.size());
     const int64_t n = ctx.uniform_len, past = ctx.uniform_past, total = past + n;
     at::Tensor qs = q.view({seqs, n, nh, hd}).transpose(1, 2);   // [S, nh, n, hd]
     at::Tensor ks = k.view({seqs, n, kvh, hd}).transpose(1, 2);  // [S, kvh, n, hd]
@@ -244,10 +289,8 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
       ks = at::stack(kc);  // [S, kvh, total, hd]
       vs = at::stack(vc);
     }
-    if (rep > 1) {
-      ks = ks.unsqueeze(2).expand({seqs, kvh, rep, total, hd}).reshape({seqs, nh, total, hd});
-      vs = vs.unsqueeze(2).expand({seqs, kvh, rep, total, hd}).reshape({seqs, nh, total, hd});
-    }
+    ks = RepeatKv(ks, rep);
+    vs = RepeatKv(vs, rep);
     at::Tensor scores = at::matmul(qs, ks.transpose(-1, -2)) * scaling;  // [S, nh, n, total]
     if (n > 1) {
       at::Tensor masked =
@@ -255,15 +298,14 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
       scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
     }
     at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
-    at::Tensor attn = at::matmul(probs, vs).transpose(1, 2).reshape({seqs * n, nh * hd});
-    return ReducePartial(Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO));
+    return at::matmul(probs, vs).transpose(1, 2).reshape({seqs * n, nh * hd});
   }
 
   std::vector<at::Tensor> outs;
-  outs.reserve(ctx.seq_lens.size());
+  outs.reserve(lens.size());
   int64_t offset = 0;
-  for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
-    const int64_t n = ctx.seq_lens[s];
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const int64_t n = lens[s];
     at::Tensor qs = q.narrow(0, offset, n).transpose(0, 1);  // [nh, n, hd]
     at::Tensor ks = k.narrow(0, offset, n).transpose(0, 1);  // [kvh, n, hd]
     at::Tensor vs = v.narrow(0, offset, n).transpose(0, 1);
@@ -273,10 +315,8 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
       std::tie(ks, vs) = ctx.cache->Append(ctx.cache_seqs[s], layer, ks, vs);
     }
     const int64_t total = past + n;
-    if (rep > 1) {
-      ks = ks.unsqueeze(1).expand({kvh, rep, total, hd}).reshape({nh, total, hd});
-      vs = vs.unsqueeze(1).expand({kvh, rep, total, hd}).reshape({nh, total, hd});
-    }
+    ks = RepeatKv(ks, rep);
+    vs = RepeatKv(vs, rep);
     at::Tensor scores = at::matmul(qs, ks.transpose(1, 2)) * scaling;  // [nh, n, total]
     if (n > 1) {
       // Query i (position past + i) sees keys 0 .. past + i.
@@ -288,8 +328,53 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
     outs.push_back(at::matmul(probs, vs).transpose(0, 1).reshape({n, nh * hd}));
     offset += n;
   }
-  at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
-  return ReducePartial(Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO));
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+}
+
+at::Tensor Qwen3Model::AttendContinuations(const Context& ctx, const at::Tensor& q,
+                                           const at::Tensor& k, const at::Tensor& v) const {
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads;
+  const int64_t rep = nh / kvh;
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(hd));
+  // Query i of a continuation (position prefix + i) sees the prefix and its keys 0 .. i.
+  auto attend = [&](const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& vs, int64_t n,
+                    int64_t prefix) {
+    at::Tensor scores = at::matmul(qs, RepeatKv(ks, rep).transpose(-1, -2)) * scaling;
+    if (n > 1) {
+      at::Tensor masked =
+          at::ones({n, prefix + n}, at::TensorOptions(at::kBool).device(device_)).triu(prefix + 1);
+      scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
+    }
+    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype_);
+    return at::matmul(probs, RepeatKv(vs, rep));
+  };
+  const int64_t rr = ctx.root_rows;
+  if (ctx.cont_uniform_len > 0) {
+    const int64_t seqs = static_cast<int64_t>(ctx.cont_lens.size());
+    const int64_t n = ctx.cont_uniform_len, prefix = ctx.cont_uniform_prefix;
+    auto gather = [&](const at::Tensor& t) {  // [S, kvh, prefix + n, hd]
+      at::Tensor shared = t.index_select(0, ctx.cont_prefix_index).view({seqs, prefix, kvh, hd});
+      at::Tensor own = t.narrow(0, rr, seqs * n).view({seqs, n, kvh, hd});
+      return at::cat({shared, own}, 1).transpose(1, 2);
+    };
+    at::Tensor qs = q.view({seqs, n, nh, hd}).transpose(1, 2);  // [S, nh, n, hd]
+    return attend(qs, gather(k), gather(v), n, prefix).transpose(1, 2).reshape({seqs * n, nh * hd});
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(ctx.cont_lens.size());
+  int64_t offset = 0;
+  for (size_t s = 0; s < ctx.cont_lens.size(); ++s) {
+    const int64_t n = ctx.cont_lens[s], prefix = ctx.cont_prefix_len[s];
+    auto keys = [&](const at::Tensor& t) {  // [kvh, prefix + n, hd]
+      return at::cat({t.narrow(0, ctx.cont_prefix_row[s], prefix), t.narrow(0, rr + offset, n)}, 0)
+          .transpose(0, 1);
+    };
+    at::Tensor qs = q.narrow(0, offset, n).transpose(0, 1);  // [nh, n, hd]
+    outs.push_back(attend(qs, keys(k), keys(v), n, prefix).transpose(0, 1).reshape({n, nh * hd}));
+    offset += n;
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
 }
 
 at::Tensor Qwen3Model::DenseMlp(const Context& ctx, const Layer& l, int64_t layer,
@@ -376,6 +461,39 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
                                                    " is outside the vocabulary [0, ",
                                                    config_.vocab_size, ")"));
   }
+  const size_t num_seqs = ctx.seq_lens.size();
+  if (!input.continues.empty()) {
+    if (input.continues.size() != num_seqs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(input.continues.size(), " continues entries for ", num_seqs, " sequences"));
+    }
+    if (!input.cache_seqs.empty()) {
+      return absl::InvalidArgumentError("continuing sequences cannot use a KV cache");
+    }
+  }
+  // First row of each sequence.
+  std::vector<int64_t> seq_row(num_seqs, 0);
+  for (size_t s = 1; s < num_seqs; ++s) seq_row[s] = seq_row[s - 1] + ctx.seq_lens[s - 1];
+  for (size_t s = 0; s < num_seqs; ++s) {
+    const int64_t c = input.continues.empty() ? -1 : input.continues[s];
+    if (c == -1) {
+      if (!ctx.cont_lens.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, " continues none but comes after a continuing sequence"));
+      }
+      ctx.root_lens.push_back(ctx.seq_lens[s]);
+      ctx.root_rows += ctx.seq_lens[s];
+      continue;
+    }
+    if (c < 0 || c >= static_cast<int64_t>(s) || input.continues[c] != -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, " continues ", c,
+                       ", which is not an earlier sequence that continues none"));
+    }
+    ctx.cont_lens.push_back(ctx.seq_lens[s]);
+    ctx.cont_prefix_row.push_back(seq_row[c]);
+    ctx.cont_prefix_len.push_back(ctx.seq_lens[c]);
+  }
   std::vector<int64_t> positions;
   positions.reserve(rows);
   if (!input.cache_seqs.empty()) {
@@ -401,14 +519,41 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
     ctx.cache = cache;
     ctx.cache_seqs = input.cache_seqs;
   } else {
-    for (int64_t n : ctx.seq_lens) {
+    for (int64_t n : ctx.root_lens) {
       for (int64_t i = 0; i < n; ++i) positions.push_back(i);
     }
+    for (size_t s = 0; s < ctx.cont_lens.size(); ++s) {
+      for (int64_t i = 0; i < ctx.cont_lens[s]; ++i)
+        positions.push_back(ctx.cont_prefix_len[s] + i);
+    }
   }
-  if (std::all_of(ctx.seq_lens.begin(), ctx.seq_lens.end(),
-                  [&](int64_t n) { return n == ctx.seq_lens[0]; }) &&
-      ctx.uniform_past >= 0) {
-    ctx.uniform_len = ctx.seq_lens[0];
+  auto all_equal = [](const std::vector<int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [&](int64_t n) { return n == v[0]; });
+  };
+  if (all_equal(ctx.root_lens) && ctx.uniform_past >= 0) ctx.uniform_len = ctx.root_lens[0];
+  if (!ctx.cont_lens.empty() && all_equal(ctx.cont_lens) && all_equal(ctx.cont_prefix_len)) {
+    ctx.cont_uniform_len = ctx.cont_lens[0];
+    ctx.cont_uniform_prefix = ctx.cont_prefix_len[0];
+    std::vector<int64_t> index;
+    index.reserve(ctx.cont_lens.size() * ctx.cont_uniform_prefix);
+    for (int64_t first : ctx.cont_prefix_row) {
+      for (int64_t i = 0; i < ctx.cont_uniform_prefix; ++i) index.push_back(first + i);
+    }
+    ctx.cont_prefix_index =
+        at::from_blob(index.data(), {static_cast<int64_t>(index.size())}, at::kLong)
+            .clone()
+            .to(device_);
+  }
+  if (!input.logit_rows.empty()) {
+    if (input.last_row_logits_only) {
+      return absl::InvalidArgumentError("logit_rows and last_row_logits_only exclude each other");
+    }
+    for (int64_t r : input.logit_rows) {
+      if (r < 0 || r >= rows) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("logit row ", r, " is outside the batch's ", rows, " rows"));
+      }
+    }
   }
   if (input.lora != nullptr) {
     ctx.lora = input.lora;
@@ -432,9 +577,17 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
     std::vector<int64_t> last;
     int64_t end = 0;
     for (int64_t n : ctx.seq_lens) last.push_back((end += n) - 1);
-    at::Tensor idx =
-        at::from_blob(last.data(), {static_cast<int64_t>(last.size())}, at::kLong).to(device_);
+    at::Tensor idx = at::from_blob(last.data(), {static_cast<int64_t>(last.size())}, at::kLong)
+                         .clone()
+                         .to(device_);
     h = h.index_select(0, idx);
+  } else if (!input.logit_rows.empty()) {
+    // A copy: backward keeps the index.
+    std::vector<int64_t> picked = input.logit_rows;
+    h = h.index_select(
+        0, at::from_blob(picked.data(), {static_cast<int64_t>(picked.size())}, at::kLong)
+               .clone()
+               .to(device_));
   }
   ForwardOutput out;
   out.hidden = RmsNorm(h, final_norm_);

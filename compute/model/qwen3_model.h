@@ -52,6 +52,16 @@ struct ForwardInput {
   const LoraBatch* lora = nullptr;
   // Only compute logits for each sequence's last row (what decode needs).
   bool last_row_logits_only = false;
+  // Shared prefixes, without a cache (several samples of one prompt in a training batch):
+  // continues[s] = the index of the sequence whose tokens sequence s continues, or -1. A
+  // continuing sequence's rows take the positions after that sequence's tokens and attend to all
+  // of them, then causally to their own; gradients of the shared rows sum over every sequence
+  // that continues them. Empty: no sequence continues another. A continued sequence must not
+  // itself continue one, and every continuing sequence comes after all the others.
+  std::vector<int64_t> continues;
+  // Compute logits only for these rows, in this order (e.g. the positions a loss trains).
+  // Empty: every row (or each sequence's last, with last_row_logits_only).
+  std::vector<int64_t> logit_rows;
 };
 
 struct ForwardOutput {
@@ -133,6 +143,13 @@ class Qwen3Model {
                      const at::Tensor& bias, int64_t layer, LoraTarget target) const;
   at::Tensor Attention(const Context& ctx, const Layer& l, int64_t layer,
                        const at::Tensor& x) const;
+  // Causal attention of sequences that continue none, [rows, heads * head_dim] before o_proj.
+  at::Tensor AttendCausal(const Context& ctx, int64_t layer, const at::Tensor& q, at::Tensor k,
+                          at::Tensor v) const;
+  // Attention of the continuing sequences' queries `q` over their prefix's keys and their own;
+  // `k`, `v` hold every row's keys and values.
+  at::Tensor AttendContinuations(const Context& ctx, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v) const;
   at::Tensor DenseMlp(const Context& ctx, const Layer& l, int64_t layer, const at::Tensor& x) const;
   at::Tensor MoeMlp(const Context& ctx, const Layer& l, int64_t layer, const at::Tensor& x) const;
 

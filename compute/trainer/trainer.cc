@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "storage/util/status_macros.h"
@@ -130,44 +132,126 @@ absl::Status Trainer::Validate(const std::vector<PolicyBatch>& batches) const {
 
 absl::StatusOr<at::Tensor> Trainer::RowLogprobs(
     const std::vector<const Datum*>& data, const std::vector<const model::LoraAdapter*>& adapters,
-    const std::vector<int32_t>& slots, at::Tensor* argmax_hits) const {
-  std::vector<int64_t> ids, targets, seq_lens;
+    const std::vector<int32_t>& slots, bool all_positions, at::Tensor* argmax_hits) const {
+  // The forward's sequences: first those that continue none (a whole datum, or a prefix shared
+  // by the data of one adapter whose tokens agree up to their first trained position: a GRPO
+  // group's prompt, a DPO pair's), then the continuations (a datum's tokens after its prefix, up
+  // to its last trained position; later rows predict nothing trained).
+  struct Seq {
+    std::vector<int64_t> tokens;
+    int32_t slot = -1;
+    int64_t continues = -1;  // index into roots
+  };
+  std::vector<Seq> roots, conts;
+  // Per datum: its root, its continuation (-1: none) and the positions whose logits count.
+  struct Plan {
+    int64_t root = -1, cont = -1, first = 0, last = -1;
+  };
+  std::vector<Plan> plans(data.size());
+  std::map<std::pair<int32_t, std::vector<int64_t>>, int64_t> root_of;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const Datum& d = *data[i];
+    Plan& plan = plans[i];
+    if (all_positions || !share_prefixes_) {
+      plan.root = static_cast<int64_t>(roots.size());
+      plan.last = static_cast<int64_t>(d.tokens.size()) - 2;
+      roots.push_back(Seq{d.tokens, slots[i], -1});
+      continue;
+    }
+    const int64_t targets = static_cast<int64_t>(d.weights.size());
+    int64_t first = 0, last = targets - 1;
+    while (first < targets && d.weights[first] == 0) ++first;
+    while (last >= first && d.weights[last] == 0) --last;
+    if (first > last) continue;  // nothing trained: no rows
+    plan.first = first;
+    plan.last = last;
+    std::vector<int64_t> prefix(d.tokens.begin(), d.tokens.begin() + first + 1);
+    auto [it, fresh] =
+        root_of.emplace(std::make_pair(slots[i], prefix), static_cast<int64_t>(roots.size()));
+    if (fresh) roots.push_back(Seq{std::move(prefix), slots[i], -1});
+    plan.root = it->second;
+    if (last > first) {
+      plan.cont = static_cast<int64_t>(conts.size());
+      conts.push_back(
+          Seq{std::vector<int64_t>(d.tokens.begin() + first + 1, d.tokens.begin() + last + 1),
+              slots[i], it->second});
+    }
+  }
+
+  std::vector<int64_t> ids, seq_lens, continues, root_row, cont_row;
   std::vector<int32_t> row_slot;
+  for (const Seq& s : roots) {
+    root_row.push_back(static_cast<int64_t>(ids.size()));
+    ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
+    seq_lens.push_back(static_cast<int64_t>(s.tokens.size()));
+    continues.push_back(-1);
+    row_slot.insert(row_slot.end(), s.tokens.size(), s.slot);
+  }
+  for (const Seq& s : conts) {
+    cont_row.push_back(static_cast<int64_t>(ids.size()));
+    ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
+    seq_lens.push_back(static_cast<int64_t>(s.tokens.size()));
+    continues.push_back(s.continues);
+    row_slot.insert(row_slot.end(), s.tokens.size(), s.slot);
+  }
+  // The logits to compute: forward row, target token, temperature, and where the log-prob goes
+  // in the output (position j of datum i at offset(i) + j).
+  std::vector<int64_t> logit_rows, targets, out_index;
   std::vector<float> inv_temp;
   bool tempered = false;
+  int64_t offset = 0;
   for (size_t i = 0; i < data.size(); ++i) {
-    const auto& t = data[i]->tokens;
-    inv_temp.insert(inv_temp.end(), t.size(), 1.0f / data[i]->temperature);
-    tempered = tempered || data[i]->temperature != 1.0f;
-    ids.insert(ids.end(), t.begin(), t.end());
-    targets.insert(targets.end(), t.begin() + 1, t.end());
-    targets.push_back(0);  // the last position predicts nothing (weight 0)
-    seq_lens.push_back(static_cast<int64_t>(t.size()));
-    row_slot.insert(row_slot.end(), t.size(), slots[i]);
+    const Datum& d = *data[i];
+    const Plan& plan = plans[i];
+    for (int64_t j = plan.first; j <= plan.last && plan.root >= 0; ++j) {
+      int64_t row = root_row[plan.root] + j;
+      if (plan.cont >= 0 && j > plan.first) row = cont_row[plan.cont] + (j - plan.first - 1);
+      logit_rows.push_back(row);
+      targets.push_back(d.tokens[j + 1]);
+      out_index.push_back(offset + j);
+      inv_temp.push_back(1.0f / d.temperature);
+    }
+    tempered = tempered || d.temperature != 1.0f;
+    offset += static_cast<int64_t>(d.tokens.size());
   }
+  const int64_t total = offset;
+  const int64_t picked = static_cast<int64_t>(logit_rows.size());
+  if (picked == 0) {
+    if (argmax_hits != nullptr) *argmax_hits = at::zeros({total}, at::kFloat);
+    return at::zeros({total}, at::kFloat);
+  }
+
   const int64_t rows = static_cast<int64_t>(ids.size());
   model::ForwardInput in;
   in.token_ids = at::from_blob(ids.data(), {rows}, at::kLong).clone();
-  in.seq_lens = seq_lens;
+  in.seq_lens = std::move(seq_lens);
+  if (!conts.empty()) in.continues = std::move(continues);
+  in.logit_rows = std::move(logit_rows);
   model::LoraBatch lora;
   if (!adapters.empty()) {
     lora.adapters = adapters;
-    lora.row_slot = row_slot;
+    lora.row_slot = std::move(row_slot);
     in.lora = &lora;
   }
   LORADB_ASSIGN_OR_RETURN(model::ForwardOutput out, model_->Forward(in));
-  at::Tensor tgt = at::from_blob(targets.data(), {rows}, at::kLong).clone().to(out.logits.device());
+  if (!all_positions) loss_forward_rows_ += rows;
+  const at::Device device = out.logits.device();
+  at::Tensor tgt = at::from_blob(targets.data(), {picked}, at::kLong).clone().to(device);
+  at::Tensor where = at::from_blob(out_index.data(), {picked}, at::kLong).clone();
   if (argmax_hits != nullptr) {
     at::NoGradGuard no_grad;
-    *argmax_hits = (out.logits.argmax(-1) == tgt).to(at::kFloat).to(at::kCPU);
+    at::Tensor hits = (out.logits.argmax(-1) == tgt).to(at::kFloat).to(at::kCPU);
+    *argmax_hits = at::zeros({total}, at::kFloat).index_add(0, where, hits);
   }
+  at::Tensor logits = out.logits;
   if (tempered) {
-    at::Tensor scale = at::from_blob(inv_temp.data(), {rows}, at::kFloat)
+    at::Tensor scale = at::from_blob(inv_temp.data(), {picked}, at::kFloat)
                            .clone()
-                           .to(out.logits.device(), out.logits.scalar_type());
-    return TokenLogprobs(out.logits * scale.unsqueeze(1), tgt).to(at::kCPU);
+                           .to(device, logits.scalar_type());
+    logits = logits * scale.unsqueeze(1);
   }
-  return TokenLogprobs(out.logits, tgt).to(at::kCPU);
+  return at::zeros({total}, at::kFloat)
+      .index_add(0, where, TokenLogprobs(logits, tgt).to(at::kCPU));
 }
 
 absl::StatusOr<std::vector<LossReport>> Trainer::RunLosses(const std::vector<PolicyBatch>& batches,
@@ -214,7 +298,8 @@ absl::StatusOr<std::vector<LossReport>> Trainer::RunLosses(const std::vector<Pol
     }
     if (!rdata.empty()) {
       at::NoGradGuard ref_no_grad;
-      LORADB_ASSIGN_OR_RETURN(at::Tensor lp, RowLogprobs(rdata, radapters, rslots, nullptr));
+      LORADB_ASSIGN_OR_RETURN(
+          at::Tensor lp, RowLogprobs(rdata, radapters, rslots, /*all_positions=*/false, nullptr));
       int64_t off = 0;
       for (size_t bi : rbatches) {
         int64_t n = 0;
@@ -241,7 +326,8 @@ absl::StatusOr<std::vector<LossReport>> Trainer::RunLosses(const std::vector<Pol
   std::vector<int32_t> slots;
   for (const PolicyBatch& b : batches) slots.insert(slots.end(), b.data.size(), slot_of[b.policy]);
   at::Tensor hits;
-  LORADB_ASSIGN_OR_RETURN(at::Tensor lp, RowLogprobs(all, adapters, slots, &hits));
+  LORADB_ASSIGN_OR_RETURN(at::Tensor lp,
+                          RowLogprobs(all, adapters, slots, /*all_positions=*/false, &hits));
 
   std::vector<LossReport> reports;
   at::Tensor total;
@@ -380,7 +466,8 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::Logprobs(int policy,
     adapters.push_back(&built[0]);
     std::fill(slots.begin(), slots.end(), 0);
   }
-  LORADB_ASSIGN_OR_RETURN(at::Tensor lp, RowLogprobs(ptrs, adapters, slots, nullptr));
+  LORADB_ASSIGN_OR_RETURN(at::Tensor lp,
+                          RowLogprobs(ptrs, adapters, slots, /*all_positions=*/true, nullptr));
   lp = lp.contiguous();
   const float* p = lp.data_ptr<float>();
   std::vector<std::vector<float>> out;
@@ -493,44 +580,61 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
     in.lora = adapters.empty() ? nullptr : &lora;
     in.last_row_logits_only = true;
     LORADB_ASSIGN_OR_RETURN(model::ForwardOutput out, model_->Forward(in, &cache));
+    // Every row's distribution at once (vectorized): log Z at temperature 1, and for sampled
+    // rows exp((logit - max) / T) and its running sum, which the row's uniform draw searches.
+    // A distribution per distinct (logits row, temperature): the samples of a prefilled prompt
+    // share its row.
     at::Tensor logits = out.logits.to(at::kCPU, at::kDouble).contiguous();
+    std::map<std::pair<size_t, double>, int64_t> dist_of;
+    std::vector<int64_t> dist_row;
+    std::vector<double> inv_t;
+    std::vector<int64_t> dist(active.size());
+    for (size_t k = 0; k < active.size(); ++k) {
+      const double t = requests[active[k]].temperature;
+      auto [it, fresh] = dist_of.emplace(std::make_pair(row_of[k], t), dist_row.size());
+      if (fresh) {
+        dist_row.push_back(static_cast<int64_t>(row_of[k]));
+        inv_t.push_back(t > 0 ? 1.0 / t : 1.0);
+      }
+      dist[k] = it->second;
+    }
+    const int64_t n_dist = static_cast<int64_t>(dist_row.size());
+    at::Tensor mx = std::get<0>(logits.max(-1, /*keepdim=*/true));
+    at::Tensor shifted = logits - mx;
+    at::Tensor log_z = (mx.squeeze(1) + shifted.exp().sum(-1).log()).contiguous();
+    at::Tensor scaled =
+        (shifted.index_select(0, at::from_blob(dist_row.data(), {n_dist}, at::kLong)) *
+         at::from_blob(inv_t.data(), {n_dist, 1}, at::kDouble))
+            .contiguous();
+    at::Tensor cdf = scaled.exp().cumsum(-1).contiguous();
     const double* base = logits.data_ptr<double>();
+    const double* scaled_base = scaled.data_ptr<double>();
+    const double* cdf_base = cdf.data_ptr<double>();
+    const double* log_z_base = log_z.data_ptr<double>();
     std::vector<size_t> still;
     for (size_t k = 0; k < active.size(); ++k) {
       const size_t i = active[k];
       const SampleRequest& r = requests[i];
       const double* row = base + row_of[k] * vocab;
-      double mx = row[0];
-      for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, row[v]);
-      double z = 0;
-      for (int64_t v = 0; v < vocab; ++v) z += std::exp(row[v] - mx);
-      const double log_z = mx + std::log(z);
+      const double* c = cdf_base + dist[k] * vocab;
       int64_t tok = 0;
       if (r.temperature == 0) {
         tok = std::max_element(row, row + vocab) - row;
       } else {
         Rng& rng = r.policy < 0 ? base_rng_ : policies_[r.policy].rng;
-        double zt = 0;
-        for (int64_t v = 0; v < vocab; ++v) zt += std::exp((row[v] - mx) / r.temperature);
-        double u = rng.Uniform() * zt;
-        tok = vocab - 1;
-        for (int64_t v = 0; v < vocab; ++v) {
-          u -= std::exp((row[v] - mx) / r.temperature);
-          if (u < 0) {
-            tok = v;
-            break;
-          }
-        }
+        // The first token whose running sum passes u (the last one if rounding leaves u at
+        // the very top).
+        const double u = rng.Uniform() * c[vocab - 1];
+        tok = std::min<int64_t>(std::upper_bound(c, c + vocab, u) - c, vocab - 1);
       }
       SampleResult& res = results[i];
       res.tokens.push_back(tok);
       if (r.temperature == 0 || r.temperature == 1) {
-        res.logprobs.push_back(static_cast<float>(row[tok] - log_z));
+        res.logprobs.push_back(static_cast<float>(row[tok] - log_z_base[row_of[k]]));
       } else {
         // log softmax(row / T) at tok.
-        double zt = 0;
-        for (int64_t v = 0; v < vocab; ++v) zt += std::exp((row[v] - mx) / r.temperature);
-        res.logprobs.push_back(static_cast<float>((row[tok] - mx) / r.temperature - std::log(zt)));
+        const double* sc = scaled_base + dist[k] * vocab;
+        res.logprobs.push_back(static_cast<float>(sc[tok] - std::log(c[vocab - 1])));
       }
       const bool stop =
           std::find(r.stop_tokens.begin(), r.stop_tokens.end(), tok) != r.stop_tokens.end();

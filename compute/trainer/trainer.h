@@ -20,6 +20,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -153,6 +154,16 @@ class Trainer {
   // accumulated.
   [[nodiscard]] absl::StatusOr<StepStats> OptimStep(int policy);
 
+  // Losses run one forward per call in which data of one policy that agree up to their first
+  // weighted target (a GRPO group's prompt, a DPO pair's) compute those rows once, and logits
+  // only at weighted positions. Off: every datum runs whole (the same losses and gradients up to
+  // float reassociation; for tests and measurements). Not while other calls run.
+  void set_share_prefixes(bool share) { share_prefixes_ = share; }
+  bool share_prefixes() const { return share_prefixes_; }
+  // Rows the losses (ForwardBackward, Evaluate, their reference passes) have run through the
+  // model so far: what sharing saves.
+  int64_t loss_forward_rows() const { return loss_forward_rows_.load(); }
+
   // Rollouts. Requests of different policies share decode steps (one forward per step).
   // Uses each policy's RNG stream (the base's requests use `base_rng`).
   [[nodiscard]] absl::StatusOr<std::vector<SampleResult>> Sample(
@@ -186,13 +197,19 @@ class Trainer {
   [[nodiscard]] absl::Status Validate(const std::vector<PolicyBatch>& batches) const;
   [[nodiscard]] absl::StatusOr<std::vector<LossReport>> RunLosses(
       const std::vector<PolicyBatch>& batches, bool backward);
-  // Per-row target log-probs [rows] of the flattened data; `slots[i]` the adapter of datum i
-  // (index into `adapters`, -1 for base).
+  // Target log-probs of the flattened data, [sum of token counts]: position j of datum i at
+  // (tokens before datum i) + j, 0 where nothing is computed (a datum's last position, and
+  // unless `all_positions` the positions outside its first..last weighted target). `slots[i]`:
+  // the adapter of datum i (index into `adapters`, -1 for the base). Unless `all_positions` (or
+  // with sharing off), data of one adapter whose tokens agree up to their first weighted target
+  // share those rows in the forward (ForwardInput::continues).
   [[nodiscard]] absl::StatusOr<at::Tensor> RowLogprobs(
       const std::vector<const Datum*>& data, const std::vector<const model::LoraAdapter*>& adapters,
-      const std::vector<int32_t>& slots, at::Tensor* argmax_hits) const;
+      const std::vector<int32_t>& slots, bool all_positions, at::Tensor* argmax_hits) const;
 
   const model::Qwen3Model* model_;
+  bool share_prefixes_ = true;
+  mutable std::atomic<int64_t> loss_forward_rows_{0};
   std::vector<Policy> policies_;
   Rng base_rng_{0};
 };
