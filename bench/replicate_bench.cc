@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
+#include "storage/formats/synthetic.h"
 #include "storage/replication/replication.h"
 #include "storage/store/store.h"
 #include "storage/util/status_macros.h"
@@ -62,36 +63,17 @@ absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& args) {
   return a;
 }
 
-std::vector<TensorView> Tensors(uint64_t seed, std::vector<float>* a, std::vector<float>* b) {
-  a->assign(4 * 16, static_cast<float>(seed));
-  b->assign(32 * 4, -static_cast<float>(seed));
-  std::vector<TensorView> v(2);
-  v[0].name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
-  v[0].shape = {4, 16};
-  v[0].data = reinterpret_cast<const std::byte*>(a->data());
-  v[0].nbytes = a->size() * sizeof(float);
-  v[1].name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight";
-  v[1].shape = {32, 4};
-  v[1].data = reinterpret_cast<const std::byte*>(b->data());
-  v[1].nbytes = b->size() * sizeof(float);
-  return v;
-}
-
 absl::Status Run(const Args& args, const std::string& dir) {
   StoreOptions so;
   so.catalog.no_sync = true;
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(dir, so));
-  LORADB_RETURN_IF_ERROR(
-      store
-          ->AddBaseFromModuleTable(
-              "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})")
-          .status());
+  LORADB_RETURN_IF_ERROR(store->AddBaseFromModuleTable("b", kTinyQProjModuleTable).status());
   LORADB_RETURN_IF_ERROR(store->CreatePolicy("bench/p", "b").status());
-  std::vector<float> a, b;
   Progress(absl::StrCat("replicate: preloading ", args.revisions, " revisions"));
   for (uint64_t i = 0; i < args.revisions; ++i) {
     LORADB_RETURN_IF_ERROR(
-        store->PublishTensors("bench/p", Tensors(i % 16, &a, &b), PublishOptions{}).status());
+        store->PublishTensors("bench/p", MakeTinyQProjAdapter(i % 16).tensors(), PublishOptions{})
+            .status());
   }
   LORADB_ASSIGN_OR_RETURN(std::shared_ptr<Catalog> catalog, Catalog::Open(store->dir()));
   const std::string root = ReplicaRootFor(store->dir());
@@ -153,7 +135,7 @@ absl::Status Run(const Args& args, const std::string& dir) {
   for (uint64_t i = 0; i < args.ops && !stop; ++i) {
     PublishOptions o;
     o.alias = "prod";
-    auto r = store->PublishTensors("bench/p", Tensors(1000 + i, &a, &b), o);
+    auto r = store->PublishTensors("bench/p", MakeTinyQProjAdapter(1000 + i).tensors(), o);
     if (!r.ok()) {
       fail(r.status());
       break;

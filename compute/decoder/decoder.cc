@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compute/model/torch_dtype.h"
 #include "storage/formats/peft.h"
 #include "storage/store/lora_peft.h"
 #include "storage/util/status_macros.h"
@@ -45,24 +46,6 @@ struct Decoder::BuiltAdapter {
   const tiers::DeviceAdapter* device = nullptr;
   model::LoraAdapter adapter;
 };
-
-namespace {
-
-absl::StatusOr<at::ScalarType> ToScalarType(DType dtype, const std::string& name) {
-  switch (dtype) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kF16:
-      return at::kHalf;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("adapter tensor ", name, " has a non-float dtype"));
-  }
-}
-
-}  // namespace
 
 Decoder::Decoder(const model::Qwen3Model* model, Store* store, DecoderOptions options)
     : model_(model), store_(store), options_(std::move(options)), cache_(model->NewKvCache()) {}
@@ -238,7 +221,9 @@ absl::StatusOr<const model::LoraAdapter*> Decoder::AdapterFor(const tiers::Devic
       return absl::UnimplementedError(
           absl::StrCat("revision ", revision, ": LoRA on embeddings (", t.name, ")"));
     }
-    LORADB_ASSIGN_OR_RETURN(at::ScalarType st, ToScalarType(t.dtype, t.name));
+    LORADB_ASSIGN_OR_RETURN(
+        at::ScalarType st,
+        model::TorchFloatScalarType(t.dtype, absl::StrCat("adapter tensor ", t.name)));
     // Read in place: a view over the lease's memory (never written through).
     at::Tensor view = at::from_blob(t.data, t.shape, at::TensorOptions().dtype(st));
     Pair& p = modules[name.module];

@@ -6,27 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "compute/model/checkpoint.h"
+#include "compute/model/torch_dtype.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::distributed {
-namespace {
-
-absl::StatusOr<at::ScalarType> ScalarTypeOf(DType d, const std::string& name) {
-  switch (d) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kF16:
-      return at::kHalf;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("adapter tensor ", name, " has dtype ",
-                                                     DTypeName(d), "; LoRA needs floats"));
-  }
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<model::Qwen3Model>> LoadTpModel(const std::string& dir,
                                                                const TpShardSpec& spec,
                                                                const model::LoadOptions& options) {
@@ -63,7 +46,9 @@ absl::StatusOr<model::LoraAdapter> BuildFromViews(const model::Qwen3Model& local
     if (name.embedding) {
       return absl::UnimplementedError(absl::StrCat("LoRA on embeddings (", *t.name, ")"));
     }
-    LORADB_ASSIGN_OR_RETURN(at::ScalarType st, ScalarTypeOf(t.dtype, *t.name));
+    LORADB_ASSIGN_OR_RETURN(
+        at::ScalarType st,
+        model::TorchFloatScalarType(t.dtype, absl::StrCat("adapter tensor ", *t.name)));
     // A view over the shard's memory (never written through); its owner keeps it alive.
     at::Tensor view = at::from_blob(const_cast<std::byte*>(t.data), *t.shape,
                                     at::TensorOptions(st).device(where));

@@ -46,6 +46,10 @@ const char* HfDTypeName(at::ScalarType t) {
 
 }  // namespace
 
+double DefaultLmHeadStd(const ModelConfig& config) {
+  return 1.0 / std::sqrt(static_cast<double>(config.hidden_size));
+}
+
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir, uint64_t seed,
                                    at::ScalarType dtype, double std, double lm_head_std) {
   LORADB_ASSIGN_OR_RETURN(DType st, StorageDType(dtype));

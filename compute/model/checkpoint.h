@@ -19,6 +19,9 @@ namespace loradb::model {
 // model.safetensors. NotFound when neither exists; the reader's errors otherwise.
 [[nodiscard]] absl::StatusOr<TensorSet> ReadCheckpointTensors(const std::string& dir);
 
+// The std of linear and embedding weights in a random checkpoint.
+inline constexpr double kDefaultInitStd = 0.02;
+
 // Writes `dir`/config.json and `dir`/model.safetensors for `config` with weights drawn from a
 // CPU generator seeded with `seed` (same seed, same bytes): linear and embedding weights
 // N(0, std^2), RMSNorm weights 1 + N(0, 0.1^2) so that a missing norm shows in an oracle test.
@@ -28,7 +31,13 @@ namespace loradb::model {
 // 1/sqrt(hidden) gives logits of unit variance, a bound of ~sqrt(hidden).
 [[nodiscard]] absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                                  uint64_t seed, at::ScalarType dtype,
-                                                 double std = 0.02, double lm_head_std = 0);
+                                                 double std = kDefaultInitStd,
+                                                 double lm_head_std = 0);
+
+// The output layer's std `loradb model init-random` draws by default: 1/sqrt(hidden_size), so the
+// logits have unit variance at init (see WriteRandomCheckpoint; docs/trainer.md explains why 0.02
+// leaves a tiny base too flat to train with GRPO).
+double DefaultLmHeadStd(const ModelConfig& config);
 
 }  // namespace loradb::model
 

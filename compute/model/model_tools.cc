@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -36,15 +37,31 @@ absl::Status CheckDTypeName(const std::string& dtype) { return ParseDTypeName(dt
 
 absl::StatusOr<Hash128> InitRandomCheckpoint(const std::string& config_path,
                                              const std::string& out_dir, uint64_t seed,
-                                             const std::string& dtype) {
+                                             const std::string& dtype,
+                                             std::optional<double> lm_head_std,
+                                             double* lm_head_std_used) {
   LORADB_ASSIGN_OR_RETURN(at::ScalarType st, ParseDTypeName(dtype));
+  if (lm_head_std && !(std::isfinite(*lm_head_std) && *lm_head_std > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lm_head std must be a finite number > 0, got ", *lm_head_std));
+  }
   LORADB_ASSIGN_OR_RETURN(ModelConfig config, ReadModelConfig(config_path));
+  if (lm_head_std && config.tie_word_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path,
+                     ": tie_word_embeddings is true, so there is no separate lm_head to draw "
+                     "with its own std (the embeddings are the output layer)"));
+  }
+  const double head_std =
+      config.tie_word_embeddings ? 0.0 : lm_head_std.value_or(DefaultLmHeadStd(config));
   try {
-    LORADB_RETURN_IF_ERROR(WriteRandomCheckpoint(config, out_dir, seed, st));
+    LORADB_RETURN_IF_ERROR(
+        WriteRandomCheckpoint(config, out_dir, seed, st, kDefaultInitStd, head_std));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("init-random: ", e.what_without_backtrace()));
   }
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3Model> model, Qwen3Model::Load(out_dir));
+  if (lm_head_std_used != nullptr) *lm_head_std_used = head_std;
   return model->fingerprint();
 }
 

@@ -5,6 +5,7 @@
 #define LORADB_COMPUTE_MODEL_MODEL_TOOLS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,14 @@ namespace loradb::model {
 
 // Reads the config at `config_path` (file or directory) and writes a random checkpoint to
 // `out_dir` (see WriteRandomCheckpoint). Returns the new checkpoint's weights fingerprint.
-[[nodiscard]] absl::StatusOr<Hash128> InitRandomCheckpoint(const std::string& config_path,
-                                                           const std::string& out_dir,
-                                                           uint64_t seed, const std::string& dtype);
+// `lm_head_std` is the std of lm_head.weight: unset means DefaultLmHeadStd (1/sqrt(hidden));
+// a given value must be finite and > 0, and is InvalidArgument for a config that ties lm_head to
+// the embeddings (there is no separate output layer to draw). Bad arguments write nothing.
+// `lm_head_std_used`, when not null, receives the std drawn (0 for a tied config).
+[[nodiscard]] absl::StatusOr<Hash128> InitRandomCheckpoint(
+    const std::string& config_path, const std::string& out_dir, uint64_t seed,
+    const std::string& dtype, std::optional<double> lm_head_std = std::nullopt,
+    double* lm_head_std_used = nullptr);
 
 struct ModelSummary {
   ModelConfig config;

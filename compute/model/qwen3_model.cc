@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compute/model/checkpoint.h"
+#include "compute/model/torch_dtype.h"
 #include "storage/formats/weights_fingerprint.h"
 #include "storage/util/status_macros.h"
 
@@ -41,17 +42,7 @@ struct Qwen3Model::Context {
 namespace {
 
 absl::StatusOr<at::ScalarType> TorchDType(DType d, const std::string& name) {
-  switch (d) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kF16:
-      return at::kHalf;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", name, "\" has dtype ", DTypeName(d), "; weights must be F32, BF16 or F16"));
-  }
+  return TorchFloatScalarType(d, absl::StrCat("weight tensor \"", name, "\""));
 }
 
 at::Tensor RotateHalf(const at::Tensor& x) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "compute/model/torch_dtype.h"
 #include "compute/trainer/tensor_io.h"
 #include "storage/formats/peft.h"
 #include "storage/store/lora_peft.h"
@@ -153,7 +154,7 @@ absl::StatusOr<CheckpointRecord> LatestCheckpoint(const Store& store, const std:
 absl::StatusOr<RevisionRecord> PublishForSampling(Store* store, const Trainer& trainer, int policy,
                                                   uint64_t checkpoint_id, const std::string& alias,
                                                   DType dtype) {
-  LORADB_ASSIGN_OR_RETURN(at::ScalarType st, ToScalarType(dtype));
+  LORADB_ASSIGN_OR_RETURN(at::ScalarType st, model::TorchScalarType(dtype));
   LORADB_ASSIGN_OR_RETURN(auto weights, trainer.ExportWeights(policy, st));
   LORADB_ASSIGN_OR_RETURN(OwnedTensorViews views, ToViews(weights, dtype));
   const LoraConfig& lora = trainer.options(policy).lora;

@@ -1,33 +1,14 @@
 #include "compute/trainer/tensor_io.h"
 
 #include "absl/strings/str_cat.h"
+#include "compute/model/torch_dtype.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::trainer {
 
-absl::StatusOr<at::ScalarType> ToScalarType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kF16:
-      return at::kHalf;
-    case DType::kF64:
-      return at::kDouble;
-    case DType::kI64:
-      return at::kLong;
-    case DType::kI32:
-      return at::kInt;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", DTypeName(dtype), " is not supported by the trainer"));
-  }
-}
-
 absl::StatusOr<OwnedTensorViews> ToViews(const std::map<std::string, at::Tensor>& tensors,
                                          DType dtype) {
-  LORADB_ASSIGN_OR_RETURN(at::ScalarType st, ToScalarType(dtype));
+  LORADB_ASSIGN_OR_RETURN(at::ScalarType st, model::TorchScalarType(dtype));
   OwnedTensorViews out;
   out.owned.reserve(tensors.size());
   out.views.reserve(tensors.size());
@@ -49,7 +30,7 @@ absl::StatusOr<OwnedTensorViews> ToViews(const std::map<std::string, at::Tensor>
 
 absl::StatusOr<at::Tensor> FromView(const TensorView& view, at::ScalarType dtype,
                                     at::Device device) {
-  LORADB_ASSIGN_OR_RETURN(at::ScalarType src, ToScalarType(view.dtype));
+  LORADB_ASSIGN_OR_RETURN(at::ScalarType src, model::TorchScalarType(view.dtype));
   LORADB_ASSIGN_OR_RETURN(uint64_t nbytes, CheckedNumBytes(view.shape, view.dtype));
   if (nbytes != view.nbytes) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", view.name, " has ", view.nbytes,

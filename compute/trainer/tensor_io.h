@@ -27,10 +27,6 @@ struct OwnedTensorViews {
 [[nodiscard]] absl::StatusOr<OwnedTensorViews> ToViews(
     const std::map<std::string, at::Tensor>& tensors, DType dtype);
 
-// The at:: scalar type of a storage dtype (F32, BF16, F16, F64, I64, I32); InvalidArgument
-// for others.
-[[nodiscard]] absl::StatusOr<at::ScalarType> ToScalarType(DType dtype);
-
 // A new tensor holding a copy of `view`'s bytes, converted to `dtype` on `device`.
 [[nodiscard]] absl::StatusOr<at::Tensor> FromView(const TensorView& view, at::ScalarType dtype,
                                                   at::Device device = at::kCPU);

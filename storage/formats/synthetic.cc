@@ -101,4 +101,29 @@ absl::StatusOr<TensorSet> MakeSyntheticMoeAdapter(const SyntheticMoeSpec& s) {
   return set;
 }
 
+TensorSet MakeTinyQProjAdapter(uint64_t seed) {
+  constexpr size_t kA = 4 * 16, kB = 32 * 4;
+  auto buffer = std::make_shared<std::vector<float>>(kA + kB);
+  float* a = buffer->data();
+  float* b = a + kA;
+  for (size_t i = 0; i < kA; ++i) a[i] = static_cast<float>(seed) + 0.5f * i;
+  for (size_t i = 0; i < kB; ++i) b[i] = static_cast<float>(seed) - 0.25f * i;
+  const std::string module = "base_model.model.model.layers.0.self_attn.q_proj";
+  TensorSet set(buffer);
+  // Two distinct names into an empty set: Add cannot fail.
+  set.Add({module + ".lora_A.weight",
+           DType::kF32,
+           {4, 16},
+           reinterpret_cast<const std::byte*>(a),
+           kA * sizeof(float)})
+      .IgnoreError();
+  set.Add({module + ".lora_B.weight",
+           DType::kF32,
+           {32, 4},
+           reinterpret_cast<const std::byte*>(b),
+           kB * sizeof(float)})
+      .IgnoreError();
+  return set;
+}
+
 }  // namespace loradb

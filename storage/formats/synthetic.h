@@ -34,6 +34,17 @@ struct SyntheticMoeSpec {
 // InvalidArgument for non-positive sizes or a non-float dtype.
 [[nodiscard]] absl::StatusOr<TensorSet> MakeSyntheticMoeAdapter(const SyntheticMoeSpec& spec);
 
+// A base module table with one module, "layers.0.self_attn.q_proj" (in 16, out 32): the base
+// MakeTinyQProjAdapter's tensors fit (Store::AddBaseFromModuleTable).
+inline constexpr char kTinyQProjModuleTable[] =
+    R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})";
+
+// The smallest adapter the store tests and the replication bench publish: rank 4, F32,
+// "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" [4, 16] with element
+// i = seed + 0.5 i and "...lora_B.weight" [32, 4] with element i = seed - 0.25 i (as floats), so
+// distinct seeds give distinct bytes. The set owns its buffer.
+TensorSet MakeTinyQProjAdapter(uint64_t seed);
+
 }  // namespace loradb
 
 #endif  // LORADB_STORAGE_FORMATS_SYNTHETIC_H_

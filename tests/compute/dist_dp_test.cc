@@ -27,43 +27,20 @@
 #include "compute/model/checkpoint.h"
 #include "gtest/gtest.h"
 #include "storage/formats/model_config.h"
+#include "tests/compute/cli_test_util.h"
 #include "tests/test_util.h"
 
 namespace loradb {
 namespace {
 
+using loradb::testing::CliRun;
+using loradb::testing::Slurp;
 using loradb::testing::TempDir;
 
-#define SKIP_WITHOUT_C10D()                              \
-  do {                                                   \
-    std::string why;                                     \
-    if (!dist::C10dAvailable(&why)) GTEST_SKIP() << why; \
-  } while (0)
-
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-CliRun Cli(const TempDir& dir, const std::string& store, const std::string& args) {
-  CliRun r;
-  const std::string out = dir.file("stdout"), err = dir.file("stderr");
-  // One intra-op thread per rank: the ranks share the machine's cores (and stay fast on a
-  // loaded one).
-  const std::string cmd = absl::StrCat("OMP_NUM_THREADS=1 '", LORADB_CLI_PATH, "' --store '", store,
-                                       "' ", args, " >'", out, "' 2>'", err, "'");
-  const int st = std::system(cmd.c_str());
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  return r;
+// One intra-op thread per rank: the ranks share the machine's cores (and stay fast on a loaded
+// one).
+CliRun CliOneThread(const TempDir& dir, const std::string& store, const std::string& args) {
+  return testing::Cli(dir, store, args, "OMP_NUM_THREADS=1");
 }
 
 TEST(ProcessGroupTest, RejectsBadOptionsWithClearErrors) {
@@ -154,7 +131,7 @@ TEST(DistCliTest, CollectiveSelfCheckOnTwoAndThreeGlooRanks) {
   SKIP_WITHOUT_C10D();
   TempDir dir;
   for (int world : {2, 3}) {
-    CliRun r = Cli(dir, dir.file("store"), absl::StrCat("dist-check --world ", world));
+    CliRun r = CliOneThread(dir, dir.file("store"), absl::StrCat("dist-check --world ", world));
     EXPECT_EQ(r.rc, 0) << r.err;
     EXPECT_NE(r.out.find(absl::StrCat("rank 0/", world, " gloo on cpu: ok")), std::string::npos)
         << r.out;
@@ -183,8 +160,8 @@ TEST(DistCliTest, TcpStoreRendezvousOnLoopback) {
   TempDir dir;
   const int port = FreeLoopbackPort();
   ASSERT_GT(port, 0);
-  CliRun r = Cli(dir, dir.file("store"),
-                 absl::StrCat("dist-check --world 2 --rendezvous tcp:127.0.0.1:", port));
+  CliRun r = CliOneThread(dir, dir.file("store"),
+                          absl::StrCat("dist-check --world 2 --rendezvous tcp:127.0.0.1:", port));
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("rank 0/2 gloo on cpu: ok"), std::string::npos) << r.out;
 }
@@ -192,7 +169,8 @@ TEST(DistCliTest, TcpStoreRendezvousOnLoopback) {
 TEST(DistCliTest, ARankThatDiesAbortsTheRunWithAClearError) {
   SKIP_WITHOUT_C10D();
   TempDir dir;
-  CliRun r = Cli(dir, dir.file("store"), "dist-check --world 2 --die-rank 1 --timeout-ms 20000");
+  CliRun r =
+      CliOneThread(dir, dir.file("store"), "dist-check --world 2 --die-rank 1 --timeout-ms 20000");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("distributed run aborted"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 1 was killed by signal 9"), std::string::npos) << r.err;
@@ -216,10 +194,10 @@ class DpTrainTest : public ::testing::Test {
   nlohmann::json Train(const std::string& store, int world, int steps, int batch,
                        const std::string& extra, CliRun* run = nullptr,
                        const std::string& task = "mapping") {
-    CliRun r = Cli(dir_, store,
-                   absl::StrCat("dist-train --json --world ", world, " --model '", model_,
-                                "' --policy p --task ", task, " --steps ", steps, " --batch ",
-                                batch, " --lr 1e-2 ", extra));
+    CliRun r = CliOneThread(dir_, store,
+                            absl::StrCat("dist-train --json --world ", world, " --model '", model_,
+                                         "' --policy p --task ", task, " --steps ", steps,
+                                         " --batch ", batch, " --lr 1e-2 ", extra));
     if (run != nullptr) *run = r;
     if (r.rc != 0) {
       if (run != nullptr) return nlohmann::json();
@@ -255,7 +233,7 @@ TEST_F(DpTrainTest, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   // bytes) and 4 one-flag agreements (model load, store open, checkpoint, publish).
   EXPECT_EQ(two["collective_calls"], 6 + 2 + 4);
   // Rank 0 alone wrote: one checkpoint and one revision in the store.
-  CliRun ls = Cli(dir_, dir_.file("store2"), "ls --json");
+  CliRun ls = CliOneThread(dir_, dir_.file("store2"), "ls --json");
   ASSERT_EQ(ls.rc, 0) << ls.err;
   EXPECT_EQ(nlohmann::json::parse(ls.out).size(), 1u) << ls.out;
   EXPECT_NE(two["revision"], 0);
@@ -368,12 +346,12 @@ TEST_F(DpTrainTest, BadInputFailsOnEveryRankAndLeavesTheStoreAlone) {
   Train(store, 2, 6, 7, "", &r);
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("must be a positive multiple of the 2 ranks"), std::string::npos) << r.err;
-  r = Cli(dir_, store,
-          absl::StrCat("dist-train --world 2 --model '", model_,
-                       "' --policy p --task arithmetic --steps 1 --batch 2"));
+  r = CliOneThread(dir_, store,
+                   absl::StrCat("dist-train --world 2 --model '", model_,
+                                "' --policy p --task arithmetic --steps 1 --batch 2"));
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("data-parallel GRPO"), std::string::npos) << r.err;
-  CliRun ls = Cli(dir_, store, "ls --json");
+  CliRun ls = CliOneThread(dir_, store, "ls --json");
   if (ls.rc == 0) {
     EXPECT_EQ(nlohmann::json::parse(ls.out).size(), 0u) << ls.out;
   }

@@ -4,14 +4,10 @@
 #define LORADB_TESTS_COMPUTE_TP_TEST_UTIL_H_
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,10 +16,14 @@
 #include "compute/distributed/tp_decode.h"
 #include "compute/model/checkpoint.h"
 #include "storage/store/store.h"
+#include "tests/compute/cli_test_util.h"
 #include "tests/test_util.h"
 
 namespace loradb::distributed {
 
+using ::loradb::testing::Cli;
+using ::loradb::testing::CliRun;
+using ::loradb::testing::Slurp;
 using ::loradb::testing::TempDir;
 
 // tiny-dense / tiny-moe with 8 heads and 4 KV heads (head_dim 16).
@@ -82,38 +82,6 @@ inline double MaxRelErr(const std::vector<float>& a, const std::vector<float>& b
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }
   return diff / scale;
-}
-
-// Skips the test when LibTorch was built without c10d.
-#define SKIP_WITHOUT_C10D()                                             \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (!dist::C10dAvailable(&why)) GTEST_SKIP() << "no c10d: " << why; \
-  } while (0)
-
-inline std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// One run of the `loradb` CLI on `store`: exit code, stdout, stderr.
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-inline CliRun Cli(const TempDir& dir, const std::string& store, const std::string& args) {
-  CliRun r;
-  const std::string out = dir.file("stdout"), err = dir.file("stderr");
-  const std::string cmd = absl::StrCat("'", LORADB_CLI_PATH, "' --store '", store, "' ", args,
-                                       " >'", out, "' 2>'", err, "'");
-  const int st = std::system(cmd.c_str());
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  return r;
 }
 
 }  // namespace loradb::distributed

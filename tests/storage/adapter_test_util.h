@@ -1,5 +1,6 @@
-// A test adapter builder shared by the storage tests: owns float buffers and hands out
-// PEFT-named TensorViews over them, for publishing through Store::PublishTensors.
+// Shared by the storage tests that publish adapters: a store opened with a base and a policy on
+// it, and an adapter builder that owns float buffers and hands out PEFT-named TensorViews over
+// them, for publishing through Store::PublishTensors.
 #ifndef LORADB_TESTS_STORAGE_ADAPTER_TEST_UTIL_H_
 #define LORADB_TESTS_STORAGE_ADAPTER_TEST_UTIL_H_
 
@@ -9,10 +10,24 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "storage/formats/tensor.h"
+#include "storage/store/store.h"
 
 namespace loradb::testing {
+
+// Opens (creating) the store at `dir` with `options`, adds base `base` from `module_table` (see
+// Store::AddBaseFromModuleTable) and creates `policy` on it. The first error, if any.
+inline absl::StatusOr<std::unique_ptr<Store>> OpenStoreWithPolicy(
+    const std::string& dir, const std::string& base, const std::string& module_table,
+    const std::string& policy, const StoreOptions& options = {}) {
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(dir, options);
+  if (!store.ok()) return store.status();
+  if (auto b = (*store)->AddBaseFromModuleTable(base, module_table); !b.ok()) return b.status();
+  if (auto p = (*store)->CreatePolicy(policy, base); !p.ok()) return p.status();
+  return store;
+}
 
 // Owns float buffers and hands out PEFT-named views over them; the views stay valid while the
 // Adapter lives (moving it keeps them: the buffers are heap-allocated).

@@ -16,40 +16,18 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "storage/formats/tensor.h"
+#include "storage/formats/synthetic.h"
 #include "storage/store/store.h"
 
 extern char** environ;
 
 namespace loradb::testing {
 
-// Adds base "b" (one module, `layers.0.self_attn.q_proj`: in 16, out 32, what MakeQProjTensors
-// fits) and `policy` on it.
+// Adds base "b" (kTinyQProjModuleTable: what MakeTinyQProjAdapter fits) and `policy` on it.
 inline absl::Status AddQProjBaseAndPolicy(Store& store, const std::string& policy) {
-  auto base = store.AddBaseFromModuleTable(
-      "b", R"({"modules":[{"name":"layers.0.self_attn.q_proj","in":16,"out":32}]})");
+  auto base = store.AddBaseFromModuleTable("b", kTinyQProjModuleTable);
   if (!base.ok()) return base.status();
   return store.CreatePolicy(policy, "b").status();
-}
-
-// Two F32 tensors for `layers.0.self_attn.q_proj` (in 16, out 32) at rank 4, filled from `seed`
-// into `a` and `b`, which the views point into.
-inline std::vector<TensorView> MakeQProjTensors(uint64_t seed, std::vector<float>* a,
-                                                std::vector<float>* b) {
-  a->assign(4 * 16, 0);
-  b->assign(32 * 4, 0);
-  for (size_t i = 0; i < a->size(); ++i) (*a)[i] = static_cast<float>(seed) + 0.5f * i;
-  for (size_t i = 0; i < b->size(); ++i) (*b)[i] = static_cast<float>(seed) - 0.25f * i;
-  std::vector<TensorView> v(2);
-  v[0].name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
-  v[0].shape = {4, 16};
-  v[0].data = reinterpret_cast<const std::byte*>(a->data());
-  v[0].nbytes = a->size() * sizeof(float);
-  v[1].name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight";
-  v[1].shape = {32, 4};
-  v[1].data = reinterpret_cast<const std::byte*>(b->data());
-  v[1].nbytes = b->size() * sizeof(float);
-  return v;
 }
 
 // A child process and the read end of its acknowledgement pipe.

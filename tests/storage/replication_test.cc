@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "storage/formats/synthetic.h"
 #include "storage/store/store.h"
 #include "storage/util/file_util.h"
 #include "tests/storage/child_process_test_util.h"
@@ -65,14 +66,12 @@ constexpr char kPolicy[] = "repl/p";
   uint64_t prod = 0, canary = 0, prev_prod = 0;
   if (auto r = (*store)->GetRevisionByAlias(kPolicy, "prod"); r.ok()) prod = r->id;
   if (auto r = (*store)->GetRevisionByAlias(kPolicy, "canary"); r.ok()) canary = r->id;
-  std::vector<float> a, b;
   for (uint64_t i = 1; ops == 0 || i <= ops; ++i) {
     if (i % 2 == 1 || prev_prod == 0) {
       PublishOptions o;
       o.alias = "prod";
       auto r = (*store)->PublishTensors(
-          kPolicy, testing::MakeQProjTensors(static_cast<uint64_t>(getpid()) * 1000 + i, &a, &b),
-          o);
+          kPolicy, MakeTinyQProjAdapter(static_cast<uint64_t>(getpid()) * 1000 + i).tensors(), o);
       if (!r.ok()) Die(4, r.status());
       prev_prod = prod;
       prod = r->id;
@@ -258,10 +257,9 @@ TEST(ReplicationTest, PublishFollowRefreshAndReadOnly) {
     EXPECT_TRUE(absl::IsFailedPrecondition(held->CreatePolicy("x", "b").status()));
     EXPECT_TRUE(absl::IsNotFound(held->GetRevisionByAlias(kPolicy, "prod").status()));
 
-    std::vector<float> a, b;
     PublishOptions o;
     o.alias = "prod";
-    auto rev = (*store)->PublishTensors(kPolicy, testing::MakeQProjTensors(7, &a, &b), o);
+    auto rev = (*store)->PublishTensors(kPolicy, MakeTinyQProjAdapter(7).tensors(), o);
     ASSERT_TRUE(rev.ok()) << rev.status();
     auto unchanged = (*f)->Refresh();
     ASSERT_TRUE(unchanged.ok());

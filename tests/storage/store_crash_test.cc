@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "storage/formats/synthetic.h"
 #include "storage/store/store.h"
 #include "tests/storage/child_process_test_util.h"
 #include "tests/test_util.h"
@@ -38,12 +39,11 @@ constexpr char kPolicy[] = "crash/p";
     fprintf(stderr, "crash child: %s\n", std::string(store.status().message()).c_str());
     _exit(3);
   }
-  std::vector<float> a, b;
   for (uint64_t i = 0;; ++i) {
     PublishOptions o;
     if (i % 3 == 0) o.alias = "serving";
     const uint64_t seed = static_cast<uint64_t>(getpid()) * 100000 + i;
-    auto r = (*store)->PublishTensors(kPolicy, testing::MakeQProjTensors(seed, &a, &b), o);
+    auto r = (*store)->PublishTensors(kPolicy, MakeTinyQProjAdapter(seed).tensors(), o);
     if (!r.ok()) {
       fprintf(stderr, "crash child: %s\n", std::string(r.status().message()).c_str());
       _exit(4);

@@ -6,6 +6,8 @@
 
 #include "storage/formats/blob.h"
 #include "storage/formats/peft.h"
+#include "storage/store/store.h"
+#include "tests/test_util.h"
 
 namespace loradb {
 namespace {
@@ -48,6 +50,33 @@ TEST(SyntheticTest, SmallMoeAdapterHasPeftNamesAndShapes) {
   uint16_t bits;
   std::memcpy(&bits, q->data, 2);
   EXPECT_LT(bits & 0x7f80, 0x3d80);  // exponent below that of 0.0625
+}
+
+TEST(SyntheticTest, TinyQProjAdapterFitsItsModuleTable) {
+  const TensorSet set = MakeTinyQProjAdapter(7);
+  ASSERT_EQ(set.size(), 2u);
+  const TensorView* a = set.Find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  const TensorView* b = set.Find("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->dtype, DType::kF32);
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{4, 16}));
+  EXPECT_EQ(b->shape, (std::vector<int64_t>{32, 4}));
+  EXPECT_EQ(b->nbytes, 32u * 4 * sizeof(float));
+  float a3, b5;
+  std::memcpy(&a3, a->data + 3 * sizeof(float), sizeof(float));
+  std::memcpy(&b5, b->data + 5 * sizeof(float), sizeof(float));
+  EXPECT_EQ(a3, 7.0f + 1.5f);
+  EXPECT_EQ(b5, 7.0f - 1.25f);
+  EXPECT_NE(std::memcmp(a->data, MakeTinyQProjAdapter(8).tensors()[0].data, a->nbytes), 0);
+
+  testing::TempDir dir;
+  auto store = Store::Open(dir.file("store"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->AddBaseFromModuleTable("b", kTinyQProjModuleTable).ok());
+  ASSERT_TRUE((*store)->CreatePolicy("p", "b").ok());
+  auto rev = (*store)->PublishTensors("p", set.tensors(), PublishOptions{});
+  EXPECT_TRUE(rev.ok()) << rev.status();
 }
 
 TEST(SyntheticTest, DefaultSpecIsQwen3_30B_A3B) {

@@ -21,6 +21,7 @@
 #include "storage/tiers/store_tiers.h"
 #include "storage/tiers/tp_shard.h"
 #include "storage/tiers/tp_shard_load.h"
+#include "tests/storage/adapter_test_util.h"
 #include "tests/test_util.h"
 
 namespace loradb::tiers {
@@ -127,6 +128,12 @@ void ExpectExactShard(const DeviceSlots& slots, const DeviceAdapter& dev, const 
   }
 }
 
+constexpr char kModules[] = R"({"modules": [
+    {"name": "layers.0.self_attn.q_proj", "in": 8, "out": 16},
+    {"name": "layers.0.self_attn.o_proj", "in": 16, "out": 8},
+    {"name": "layers.0.mlp.experts.0.down_proj", "in": 12, "out": 8},
+    {"name": "layers.0.mlp.experts.1.down_proj", "in": 12, "out": 8}]})";
+
 DeviceKind TestDevice() {
   const char* d = std::getenv("LORADB_TEST_TIERS_DEVICE");
   return d != nullptr && std::string(d) == "cuda" ? DeviceKind::kCuda : DeviceKind::kHost;
@@ -135,17 +142,9 @@ DeviceKind TestDevice() {
 class TiersShardTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = Store::Open(dir_.file("store"));
+    auto s = testing::OpenStoreWithPolicy(dir_.file("store"), "tiny", kModules, "acme/tp");
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
-    ASSERT_TRUE(store_
-                    ->AddBaseFromModuleTable("tiny", R"({"modules": [
-          {"name": "layers.0.self_attn.q_proj", "in": 8, "out": 16},
-          {"name": "layers.0.self_attn.o_proj", "in": 16, "out": 8},
-          {"name": "layers.0.mlp.experts.0.down_proj", "in": 12, "out": 8},
-          {"name": "layers.0.mlp.experts.1.down_proj", "in": 12, "out": 8}]})")
-                    .ok());
-    ASSERT_TRUE(store_->CreatePolicy("acme/tp", "tiny").ok());
   }
   uint64_t Publish(const TestAdapter& a) {
     PublishOptions o;

@@ -5,49 +5,31 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/tiers/store_tiers.h"
+#include "tests/storage/adapter_test_util.h"
 #include "tests/test_util.h"
 
 namespace loradb::tiers {
 namespace {
 
+using ::loradb::testing::Adapter;
+using ::loradb::testing::OpenStoreWithPolicy;
 using ::loradb::testing::TempDir;
 
-// Owns float buffers and hands out PEFT-named views (q_proj: in 8, out 16).
-struct Adapter {
-  std::vector<std::unique_ptr<std::vector<float>>> bufs;
-  std::vector<TensorView> views;
-  void Add(bool b, int64_t d0, int64_t d1, float seed) {
-    auto buf = std::make_unique<std::vector<float>>(static_cast<size_t>(d0 * d1));
-    for (size_t i = 0; i < buf->size(); ++i) (*buf)[i] = seed + static_cast<float>(i);
-    TensorView v;
-    v.name = absl::StrCat("base_model.model.model.layers.0.self_attn.q_proj",
-                          b ? ".lora_B.weight" : ".lora_A.weight");
-    v.dtype = DType::kF32;
-    v.shape = {d0, d1};
-    v.data = reinterpret_cast<const std::byte*>(buf->data());
-    v.nbytes = buf->size() * sizeof(float);
-    views.push_back(v);
-    bufs.push_back(std::move(buf));
-  }
-};
+constexpr char kModules[] =
+    R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8, "out": 16}]})";
+constexpr char kModule[] = "layers.0.self_attn.q_proj";
 
 class StoreTiersTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = Store::Open(dir_.file("store"));
+    auto s = OpenStoreWithPolicy(dir_.file("store"), "tiny", kModules, "acme/support");
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
-    ASSERT_TRUE(store_
-                    ->AddBaseFromModuleTable(
-                        "tiny", R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8,
-                                                 "out": 16}]})")
-                    .ok());
-    ASSERT_TRUE(store_->CreatePolicy("acme/support", "tiny").ok());
   }
   uint64_t Publish(int64_t r, float seed, const std::string& alias) {
     Adapter a;
-    a.Add(false, r, 8, seed);
-    a.Add(true, 16, r, seed + 100);
+    a.Add(kModule, false, r, 8, seed);
+    a.Add(kModule, true, 16, r, seed + 100);
     PublishOptions o;
     o.alias = alias;
     o.lora.alpha = 2.0f * static_cast<float>(r);
@@ -149,21 +131,15 @@ TEST(StoreOwnedTiersTest, StoreLocateReportsTheLiveTierAndSlot) {
   so.tiers->cpu.budget_bytes = 1 << 20;
   so.tiers->slots.arena_bytes = 1 << 20;
   so.tiers->slots.page_bytes = 4096;
-  auto s = Store::Open(dir.file("store"), so);
+  auto s = OpenStoreWithPolicy(dir.file("store"), "tiny", kModules, "acme/support", so);
   ASSERT_TRUE(s.ok()) << s.status();
   Store& store = **s;
   ASSERT_NE(store.tiers(), nullptr);
   ASSERT_NE(store.tiers()->device(), nullptr);
   EXPECT_EQ(store.tiers()->cpu().options().budget_bytes, uint64_t{1} << 20);
-  ASSERT_TRUE(store
-                  .AddBaseFromModuleTable(
-                      "tiny", R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8,
-                                               "out": 16}]})")
-                  .ok());
-  ASSERT_TRUE(store.CreatePolicy("acme/support", "tiny").ok());
   Adapter a;
-  a.Add(false, 4, 8, 1.0f);
-  a.Add(true, 16, 4, 2.0f);
+  a.Add(kModule, false, 4, 8, 1.0f);
+  a.Add(kModule, true, 16, 4, 2.0f);
   PublishOptions po;
   po.alias = "serving";
   po.lora.alpha = 8.0f;

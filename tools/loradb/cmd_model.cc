@@ -2,8 +2,10 @@
 // (LibTorch found); the CLI then defines LORADB_COMPUTE_AVAILABLE.
 #ifdef LORADB_COMPUTE_AVAILABLE
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,8 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(const std::string& text) {
 struct InitRandomArgs {
   std::string config, out_dir, dtype = "f32";
   uint64_t seed = 0;
+  double lm_head_std = 0;
+  CLI::Option* lm_head_std_option = nullptr;  // count() > 0 when --lm-head-std was given
   bool json = false;
 };
 
@@ -57,20 +61,37 @@ void SetupModel(CLI::App* sub, Invocation* inv) {
   ir->add_option("out_dir", init->out_dir, "output directory")->required();
   ir->add_option("--seed", init->seed, "generator seed (default 0)");
   ir->add_option("--dtype", init->dtype, "f32 | bf16 | f16 (default f32)");
+  init->lm_head_std_option = ir->add_option(
+      "--lm-head-std", init->lm_head_std,
+      "std of the output layer lm_head.weight, a finite number > 0 (default 1/sqrt(hidden_size): "
+      "logits of unit variance at init; every other linear and the embeddings use 0.02, and "
+      "0.02 on the head leaves a tiny base too flat for GRPO). Not allowed when the config ties "
+      "lm_head to the embeddings");
   AddJsonFlag(ir, &init->json);
   ir->callback([inv, init] {
     inv->run = [init]() -> absl::Status {
-      absl::StatusOr<Hash128> fp =
-          model::InitRandomCheckpoint(init->config, init->out_dir, init->seed, init->dtype);
+      std::optional<double> lm_head_std;
+      if (init->lm_head_std_option->count() > 0) {
+        if (!(std::isfinite(init->lm_head_std) && init->lm_head_std > 0)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--lm-head-std must be a finite number > 0, got ", init->lm_head_std));
+        }
+        lm_head_std = init->lm_head_std;
+      }
+      double used = 0;
+      absl::StatusOr<Hash128> fp = model::InitRandomCheckpoint(
+          init->config, init->out_dir, init->seed, init->dtype, lm_head_std, &used);
       if (!fp.ok()) return fp.status();
       if (init->json) {
         PrintJson({{"dir", init->out_dir},
                    {"seed", init->seed},
                    {"dtype", init->dtype},
+                   {"lm_head_std", used > 0 ? nlohmann::json(used) : nlohmann::json(nullptr)},
                    {"fingerprint", fp->Hex()}});
       } else {
-        std::printf("wrote %s (seed %llu, %s), fingerprint %s\n", init->out_dir.c_str(),
-                    static_cast<unsigned long long>(init->seed), init->dtype.c_str(),
+        const std::string head = used > 0 ? absl::StrCat("lm_head std ", used) : "tied lm_head";
+        std::printf("wrote %s (seed %llu, %s, %s), fingerprint %s\n", init->out_dir.c_str(),
+                    static_cast<unsigned long long>(init->seed), init->dtype.c_str(), head.c_str(),
                     fp->Hex().c_str());
       }
       return absl::OkStatus();
