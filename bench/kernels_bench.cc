@@ -12,7 +12,7 @@
 //           the machine's memory bandwidth for this access, measured in the same run.
 //        Goal lines: fast >= 5x reference (phase 1), 64 adapters <= 1.5x one adapter
 //        (base + LoRA, phase 1), fast faster than gather + bmm (phase 1), and fast within 1.3x
-//        of the traffic probe (phase 2, batches with one row per adapter).
+//        of the traffic probe's faster arm (phase 2, batches with one row per adapter).
 //        LibTorch's OpenMP threads (libgomp) spin for milliseconds after each parallel region
 //        by default, taking the second core from the kernel's second thread in the LoRA call
 //        that follows a matmul (the single-threaded reference does not notice). libgomp reads
@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -175,14 +176,23 @@ struct Region {
   bool write;
 };
 
-// The memory traffic of one kernel call without its arithmetic: `threads` threads (the calling
-// one and workers woken through a condition variable, as the kernels' pool does) each take a
-// contiguous share of every region, read it in 16-byte vectors (several independent sums), and
-// add a value that is always 0 to the written ones.
+// The memory traffic of one kernel call without its arithmetic. The regions are cut into 256 KiB
+// chunks (about one decode row's weights) that `threads` threads (the calling one and workers woken
+// through a condition variable) claim from a shared counter, as the kernels' pool hands out work
+// items, so a worker that wakes late costs the probe what it costs the kernel. Each chunk is read
+// in 16-byte vectors into 8 independent sums (8 read ~31 GB/s on one core of this VM, 4 only ~21
+// GB/s, 16 ~28 GB/s; software prefetch did not help), and the written regions get a value that is
+// always 0 added.
 class TrafficProbe {
  public:
-  explicit TrafficProbe(int threads) : threads_(std::max(1, threads)) {
-    for (int t = 1; t < threads_; ++t) workers_.emplace_back([this, t] { Worker(t); });
+  TrafficProbe(int threads, const std::vector<Region>& regions) : threads_(std::max(1, threads)) {
+    constexpr int64_t kChunkFloats = 65536;
+    for (const Region& r : regions) {
+      for (int64_t i = 0; i < r.floats; i += kChunkFloats) {
+        chunks_.push_back(Region{r.data + i, std::min(kChunkFloats, r.floats - i), r.write});
+      }
+    }
+    for (int t = 1; t < threads_; ++t) workers_.emplace_back([this] { Worker(); });
   }
   ~TrafficProbe() {
     {
@@ -195,70 +205,74 @@ class TrafficProbe {
   TrafficProbe(const TrafficProbe&) = delete;
   TrafficProbe& operator=(const TrafficProbe&) = delete;
 
-  void Run(const std::vector<Region>& regions) {
+  void Run() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      regions_ = &regions;
-      pending_ = threads_ - 1;
+      next_.store(0, std::memory_order_relaxed);
+      active_ = static_cast<int>(workers_.size());
       ++generation_;
     }
     cv_.notify_all();
-    Share(regions, 0);
+    Claim();
     std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    done_cv_.wait(lock, [&] { return active_ == 0; });
   }
 
  private:
   typedef float V4 __attribute__((vector_size(16), aligned(4), may_alias));
+  static constexpr int kUnroll = 8;
 
-  void Share(const std::vector<Region>& regions, int t) {
-    V4 acc[4] = {};
+  // Takes chunks until none are left.
+  void Claim() {
+    V4 acc[kUnroll] = {};
     const float zero = zero_;
-    for (const Region& r : regions) {
-      const int64_t vecs = r.floats / 4;
-      const int64_t begin = vecs * t / threads_, end = vecs * (t + 1) / threads_;
+    for (;;) {
+      const size_t c = next_.fetch_add(1, std::memory_order_relaxed);
+      if (c >= chunks_.size()) break;
+      const Region& r = chunks_[c];
       V4* v = reinterpret_cast<V4*>(r.data);
-      int64_t i = begin;
-      for (; i + 4 <= end; i += 4) {
-        for (int u = 0; u < 4; ++u) {
+      const int64_t vecs = r.floats / 4;
+      int64_t i = 0;
+      for (; i + kUnroll <= vecs; i += kUnroll) {
+        for (int u = 0; u < kUnroll; ++u) {
           acc[u] += v[i + u];
           if (r.write) v[i + u] += zero;
         }
       }
-      for (; i < end; ++i) {
+      for (; i < vecs; ++i) {
         acc[0] += v[i];
         if (r.write) v[i] += zero;
       }
     }
-    V4 s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    V4 s = {};
+    for (int u = 0; u < kUnroll; ++u) s += acc[u];
     sink_ = s[0] + s[1] + s[2] + s[3];
   }
 
-  void Worker(int t) {
+  void Worker() {
     uint64_t seen = 0;
     for (;;) {
-      const std::vector<Region>* regions;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
-        regions = regions_;
       }
-      Share(*regions, t);
+      Claim();
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_all();
+      if (--active_ == 0) done_cv_.notify_all();
     }
   }
 
   const int threads_;
+  std::vector<Region> chunks_;
   std::vector<std::thread> workers_;
+  std::atomic<size_t> next_{0};
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
-  const std::vector<Region>* regions_ = nullptr;  // guarded by mu_
-  uint64_t generation_ = 0;                       // guarded by mu_
-  int pending_ = 0;                               // guarded by mu_
-  bool stop_ = false;                             // guarded by mu_
+  uint64_t generation_ = 0;  // guarded by mu_
+  int active_ = 0;           // workers still in the current run; guarded by mu_
+  bool stop_ = false;        // guarded by mu_
   volatile float zero_ = 0.0f;
   volatile float sink_ = 0.0f;
 };
@@ -301,7 +315,6 @@ absl::Status RunCpu(const Options& opt) {
   const char* omp_env = std::getenv("OMP_WAIT_POLICY");
   const std::string omp_wait_policy = omp_env != nullptr ? omp_env : "unset";
   CacheEvictor evictor;
-  TrafficProbe probe(opt.threads), probe1(1);
 
 #if defined(LORADB_COMPUTE_AVAILABLE)
   const std::string base_impl = "libtorch_mm";
@@ -370,6 +383,7 @@ absl::Status RunCpu(const Options& opt) {
         {x.data(), batch * kIn, false},
         {y.data(), batch * kOut, true},
     };
+    TrafficProbe probe(opt.threads, traffic), probe1(1, traffic);
     const double traffic_bytes =
         4.0 * static_cast<double>(n_distinct * kRank * (kIn + kOut) + batch * (kIn + 2 * kOut));
     std::vector<std::function<absl::Status()>> cold_fns = {
@@ -380,11 +394,11 @@ absl::Status RunCpu(const Options& opt) {
         },
         fns[5],  // the reference loop
         [&] {
-          probe.Run(traffic);
+          probe.Run();
           return absl::OkStatus();
         },
         [&] {
-          probe1.Run(traffic);
+          probe1.Run();
           return absl::OkStatus();
         },
     };
@@ -395,6 +409,9 @@ absl::Status RunCpu(const Options& opt) {
     const double cold_ref_ms = (*cold)[2];
     const double probe_ms = (*cold)[3];
     const double probe_1t_ms = (*cold)[4];
+    // The bound: the faster of the probe's two arms (on this VM one core often reads about as
+    // fast as two).
+    const double bound_ms = std::min(probe_ms, probe_1t_ms);
     auto gbps = [&](double ms) { return traffic_bytes / (ms * 1e6); };
 
     const double base_ms = md[0];
@@ -436,16 +453,17 @@ absl::Status RunCpu(const Options& opt) {
                            {"cold_lora64_gbps", gbps(cold_lora64_ms)},
                            {"cold_lora64_1thread_gbps", gbps(cold_lora64_1t_ms)},
                            {"probe_gbps", gbps(probe_ms)},
-                           {"probe_1thread_gbps", gbps(probe_1t_ms)}};
+                           {"probe_1thread_gbps", gbps(probe_1t_ms)},
+                           {"cold_lora64_vs_bandwidth_bound", cold_lora64_ms / bound_ms}};
     if (gather_ms >= 0) line["gather_bmm_ms"] = gather_ms;
     Emit(line);
     const std::string b = "_b" + std::to_string(batch);
     double speedup = ref_ms / lora64_ms;
     EmitGoal("kernels", "fast_vs_reference_speedup" + b, speedup, ">= 5", speedup >= 5);
     if (n_distinct == batch && batch > 1) {
-      // One row per adapter: every weight byte comes from DRAM once; the probe's time for the
-      // same traffic is the bound.
-      double vs_bound = cold_lora64_ms / probe_ms;
+      // One row per adapter: every weight byte comes from DRAM once; the probe's best time for
+      // the same traffic is the bound.
+      double vs_bound = cold_lora64_ms / bound_ms;
       EmitGoal("kernels", "fast_vs_bandwidth_bound" + b, vs_bound, "<= 1.3", vs_bound <= 1.3);
     }
     double ratio = base_lora64_ms / base_lora1_ms;
