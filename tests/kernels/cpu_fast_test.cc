@@ -252,6 +252,42 @@ TEST(CpuFastKernels, DistinctAdapterRowsMatchReferenceOnAnyThreadCount) {
   }
 }
 
+// Groups of up to 15 rows expand by dot products inside the shrink's work item; 16 and more use
+// the packed B^T tiles. Group sizes on both sides of that line, BGMV and SGMV, odd sizes, every
+// thread count giving the same bits.
+TEST(CpuFastKernels, GroupSizesAroundTheFusedLimit) {
+  for (int32_t rows_per_adapter : {3, 4, 15, 16, 17}) {
+    for (bool segmented : {false, true}) {
+      ProblemSpec spec;
+      spec.in = 523;
+      spec.out = 777;
+      spec.num_adapters = 4;
+      spec.rows = 4 * rows_per_adapter;
+      spec.rank_cycle = {16, 5, 33, 1};
+      spec.popularity = Popularity::kDistinct;  // row i on adapter i % 4
+      spec.segmented = segmented;
+      spec.y_offset = 2;
+      spec.seed = 300 + static_cast<uint32_t>(rows_per_adapter);
+      SCOPED_TRACE(spec.Name() + " rows_per_adapter=" + std::to_string(rows_per_adapter));
+      cpu::CpuContext ctx2(2);
+      CheckFastMatchesReference(spec, &ctx2);
+      Problem p(spec);
+      std::vector<uint8_t> first;
+      for (int threads : {0, 1, 2, 3}) {
+        std::unique_ptr<cpu::CpuContext> ctx;
+        if (threads > 0) ctx = std::make_unique<cpu::CpuContext>(threads);
+        std::vector<uint8_t> y = p.y0();
+        ASSERT_TRUE(cpu::ShrinkExpand(p.X(), p.Table(), p.Mapping(), p.Y(y), ctx.get()).ok());
+        if (first.empty()) {
+          first = y;
+        } else {
+          EXPECT_EQ(y, first) << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
 // Anonymous memory whose last bytes are followed by an inaccessible page: data placed at the
 // end ends exactly where a read past it would fault.
 class GuardedBuffer {
