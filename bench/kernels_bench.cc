@@ -477,14 +477,20 @@ absl::Status RunCpu(const Options& opt) {
 }
 
 // Re-executes this process with OMP_WAIT_POLICY=PASSIVE when it is unset (see the top comment).
-// Returns only when no re-execution was needed or it failed.
-absl::Status EnsurePassiveOpenMp() {
+// Returns only when no re-execution was needed or it could not be done (then the run goes on
+// with libgomp's default, which the JSON lines report as omp_wait_policy "unset").
+void EnsurePassiveOpenMp() {
 #if defined(LORADB_COMPUTE_AVAILABLE)
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return absl::OkStatus();
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> parts = absl::StrSplit(cmdline, '\0', absl::SkipEmpty());
-  if (parts.empty()) return absl::InternalError("kernels: cannot read /proc/self/cmdline");
+  // NUL-terminated arguments; an argument may itself be empty.
+  std::vector<std::string> parts = absl::StrSplit(cmdline, '\0');
+  if (!parts.empty() && parts.back().empty()) parts.pop_back();
+  if (parts.empty()) {
+    Progress("kernels: cannot read /proc/self/cmdline; OMP_WAIT_POLICY stays unset");
+    return;
+  }
   std::vector<char*> argv;
   for (std::string& p : parts) argv.push_back(p.data());
   argv.push_back(nullptr);
@@ -492,15 +498,13 @@ absl::Status EnsurePassiveOpenMp() {
   std::fflush(stdout);
   std::fflush(stderr);
   ::execv("/proc/self/exe", argv.data());
-  return absl::InternalError("kernels: re-executing with OMP_WAIT_POLICY=PASSIVE failed");
-#else
-  return absl::OkStatus();
+  ::unsetenv("OMP_WAIT_POLICY");
+  Progress("kernels: re-executing with OMP_WAIT_POLICY=PASSIVE failed; it stays unset");
 #endif
 }
 
 absl::Status Run(const std::vector<std::string>& args) {
-  absl::Status passive = EnsurePassiveOpenMp();
-  if (!passive.ok()) return passive;
+  EnsurePassiveOpenMp();
   Options opt;
   absl::Status st = ParseArgs(args, &opt);
   if (!st.ok()) return st;
