@@ -4,7 +4,11 @@
 // summed terms; bf16/fp16 outputs additionally one ulp of the output dtype (2^-7, 2^-10
 // relative) for the final rounding. The full cross product runs with LORADB_SLOW_TESTS=1.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/fast_isa.h"
@@ -210,6 +214,145 @@ TEST(CpuFastKernels, ResultsDoNotDependOnThreadCount) {
     } else {
       EXPECT_EQ(y, first) << threads << " threads";
     }
+  }
+}
+
+// Decode batches with one row per adapter take the fused single-row path (shrink, then expand
+// by dot products, in one work item, with software prefetch of both weight streams). Odd sizes
+// exercise the vector tails; mixed ranks the rank tails; every thread count gives the same bits.
+TEST(CpuFastKernels, DistinctAdapterRowsMatchReferenceOnAnyThreadCount) {
+  for (DType wd : {DType::kF32, DType::kBF16}) {
+    ProblemSpec spec;
+    spec.in = 2049;
+    spec.out = 1031;
+    spec.rows = 37;
+    spec.num_adapters = 37;
+    spec.rank_cycle = {16, 1, 7, 33, 16, 64};
+    spec.popularity = Popularity::kDistinct;
+    spec.w_dtype = wd;
+    spec.y_offset = 5;
+    spec.y_extra = 3;
+    spec.seed = 21 + static_cast<uint32_t>(wd);
+    SCOPED_TRACE(spec.Name());
+    cpu::CpuContext ctx2(2);
+    CheckFastMatchesReference(spec, &ctx2);
+    Problem p(spec);
+    std::vector<uint8_t> first;
+    for (int threads : {0, 1, 2, 3}) {
+      std::unique_ptr<cpu::CpuContext> ctx;
+      if (threads > 0) ctx = std::make_unique<cpu::CpuContext>(threads);
+      std::vector<uint8_t> y = p.y0();
+      ASSERT_TRUE(cpu::ShrinkExpand(p.X(), p.Table(), p.Mapping(), p.Y(y), ctx.get()).ok());
+      if (first.empty()) {
+        first = y;
+      } else {
+        EXPECT_EQ(y, first) << threads << " threads";
+      }
+    }
+  }
+}
+
+// Groups of up to 15 rows expand by dot products inside the shrink's work item; 16 and more use
+// the packed B^T tiles. Group sizes on both sides of that line, BGMV and SGMV, odd sizes, every
+// thread count giving the same bits.
+TEST(CpuFastKernels, GroupSizesAroundTheFusedLimit) {
+  for (int32_t rows_per_adapter : {3, 4, 15, 16, 17}) {
+    for (bool segmented : {false, true}) {
+      ProblemSpec spec;
+      spec.in = 523;
+      spec.out = 777;
+      spec.num_adapters = 4;
+      spec.rows = 4 * rows_per_adapter;
+      spec.rank_cycle = {16, 5, 33, 1};
+      spec.popularity = Popularity::kDistinct;  // row i on adapter i % 4
+      spec.segmented = segmented;
+      spec.y_offset = 2;
+      spec.seed = 300 + static_cast<uint32_t>(rows_per_adapter);
+      SCOPED_TRACE(spec.Name() + " rows_per_adapter=" + std::to_string(rows_per_adapter));
+      cpu::CpuContext ctx2(2);
+      CheckFastMatchesReference(spec, &ctx2);
+      Problem p(spec);
+      std::vector<uint8_t> first;
+      for (int threads : {0, 1, 2, 3}) {
+        std::unique_ptr<cpu::CpuContext> ctx;
+        if (threads > 0) ctx = std::make_unique<cpu::CpuContext>(threads);
+        std::vector<uint8_t> y = p.y0();
+        ASSERT_TRUE(cpu::ShrinkExpand(p.X(), p.Table(), p.Mapping(), p.Y(y), ctx.get()).ok());
+        if (first.empty()) {
+          first = y;
+        } else {
+          EXPECT_EQ(y, first) << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
+// Anonymous memory whose last bytes are followed by an inaccessible page: data placed at the
+// end ends exactly where a read past it would fault.
+class GuardedBuffer {
+ public:
+  explicit GuardedBuffer(size_t bytes) {
+    page_ = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    usable_ = (bytes + page_ - 1) / page_ * page_;
+    void* m = ::mmap(nullptr, usable_ + page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+    if (m == MAP_FAILED) return;
+    base_ = static_cast<char*>(m);
+    if (::mprotect(base_ + usable_, page_, PROT_NONE) != 0) {
+      ::munmap(base_, usable_ + page_);
+      base_ = nullptr;
+    }
+  }
+  ~GuardedBuffer() {
+    if (base_ != nullptr) ::munmap(base_, usable_ + page_);
+  }
+  GuardedBuffer(const GuardedBuffer&) = delete;
+  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
+  bool ok() const { return base_ != nullptr; }
+  // `bytes` of room that end at the guard page.
+  void* Tail(size_t bytes) const { return base_ + usable_ - bytes; }
+
+ private:
+  size_t page_ = 0;
+  size_t usable_ = 0;
+  char* base_ = nullptr;
+};
+
+// The micro-kernels prefetch up to 2 KiB past the end of a weight matrix; prefetches must not
+// fault, so weights that end right before an unmapped page still work (decode and prefill rows,
+// every runnable ISA).
+TEST(CpuFastKernels, WeightsEndingAtAGuardPage) {
+  for (int64_t rows : {1, 3, 9}) {
+    ProblemSpec spec;
+    spec.in = 1024;
+    spec.out = 512;
+    spec.rows = rows;
+    spec.num_adapters = 1;
+    spec.rank_cycle = {16};
+    spec.popularity = Popularity::kOne;
+    spec.seed = 5;
+    Problem p(spec);
+    std::vector<uint8_t> want = testing::ReferenceOutput(p);
+    AdapterTable t = p.Table();
+    const size_t a_bytes = static_cast<size_t>(16 * spec.in) * sizeof(float);
+    const size_t b_bytes = static_cast<size_t>(spec.out * 16) * sizeof(float);
+    GuardedBuffer ga(a_bytes), gb(b_bytes);
+    ASSERT_TRUE(ga.ok() && gb.ok());
+    std::memcpy(ga.Tail(a_bytes), t.a[0], a_bytes);
+    std::memcpy(gb.Tail(b_bytes), t.b[0], b_bytes);
+    const void* a_ptr = ga.Tail(a_bytes);
+    const void* b_ptr = gb.Tail(b_bytes);
+    t.a = &a_ptr;
+    t.b = &b_ptr;
+    for (const cpu_internal::IsaKernels* isa : RunnableIsas()) {
+      cpu_internal::ForceKernelsForTesting(isa);
+      SCOPED_TRACE(std::string(isa->name) + " rows=" + std::to_string(rows));
+      std::vector<uint8_t> got = p.y0();
+      ASSERT_TRUE(cpu::ShrinkExpand(p.X(), t, p.Mapping(), p.Y(got), nullptr).ok());
+      EXPECT_EQ(testing::ExpectMatchesReference(p, got, want, "guarded weights"), 0);
+    }
+    cpu_internal::ForceKernelsForTesting(nullptr);
   }
 }
 

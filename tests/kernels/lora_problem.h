@@ -25,6 +25,7 @@ enum class Popularity {
   kAllButOne,  // every row but the last on adapter 0, the last on adapter 1
   kNone,       // no row has an adapter
   kSomeNone,   // uniform, but about a third of the rows have no adapter
+  kDistinct,   // row i on adapter i % num_adapters (decode with one row per adapter)
 };
 
 inline const char* PopularityName(Popularity p) {
@@ -41,6 +42,8 @@ inline const char* PopularityName(Popularity p) {
       return "none";
     case Popularity::kSomeNone:
       return "some_none";
+    case Popularity::kDistinct:
+      return "distinct";
   }
   return "?";
 }
@@ -121,6 +124,9 @@ class Problem {
           break;
         case Popularity::kSomeNone:
           a = (rng() % 3 == 0) ? -1 - static_cast<int32_t>(rng() % 5) : uni(rng);
+          break;
+        case Popularity::kDistinct:
+          a = static_cast<int32_t>(i % std::max(1, spec.num_adapters));
           break;
       }
       row_adapter_.push_back(a);
