@@ -15,7 +15,8 @@
  *    apart, so do not rely on the check.
  *  - Structs filled by the library start with `struct_size`: set it to sizeof(the struct) before
  *    the call; a different value is LORADB_INVALID_ARGUMENT (this catches header/library
- *    mismatches and wrong pointers).
+ *    mismatches and wrong pointers). Structs that grew keep accepting their earlier sizes (named
+ *    LORADB_<STRUCT>_V<n>_SIZE below): the library fills only the fields that fit.
  *
  * Thread safety
  *  - loradb_store_t is thread-safe: any number of threads may call functions on one store at
@@ -169,7 +170,14 @@ typedef struct loradb_located_t {
   uint32_t slot;     /* the device slot (meaningful when has_slot is 1) */
   int cpu_leases;    /* leases on the CPU cache entry now */
   int device_leases; /* batch leases covering the device copy now */
+  /* Version 2 (struct_size = sizeof(loradb_located_t); LORADB_LOCATED_V1_SIZE stops above): */
+  uint64_t device_bytes; /* bytes in the device slot (the rank's shard under TP); 0 unless GPU */
+  uint32_t tp_rank;      /* the device tier's TP placement: rank `tp_rank` of `tp_degree` */
+  uint32_t tp_degree;    /* 1: no TP placement (also without a device tier) */
 } loradb_located_t;
+
+/* sizeof(loradb_located_t) before device_bytes/tp_rank/tp_degree were added (still accepted). */
+#define LORADB_LOCATED_V1_SIZE offsetof(loradb_located_t, device_bytes)
 
 /* An adapter of a device batch lease. Set struct_size = sizeof(loradb_batch_adapter_t). */
 typedef struct loradb_batch_adapter_t {
@@ -232,7 +240,36 @@ typedef struct loradb_stats_t {
   uint64_t device_payload_bytes;
   uint64_t device_page_waste_bytes; /* internal fragmentation: page rounding */
   double device_fragmentation;      /* external: 1 - largest_free_run / pages_free */
+  /* Version 2 (struct_size = sizeof(loradb_stats_t); LORADB_STATS_V1_SIZE stops above): */
+  uint64_t cpu_pooled_bytes;   /* free host buffers kept for reuse; they count against
+                                  cpu_budget_bytes with cpu_resident_bytes */
+  uint64_t cpu_pool_cap_bytes; /* the most the pool may hold now (the budget's unused room) */
+  uint32_t tp_rank;            /* the device tier's TP placement (loradb_options_set_tp) */
+  uint32_t tp_degree;          /* 1: none */
+  int tp_derived;              /* 1: the CPU tier holds each revision's derived per-rank blob */
 } loradb_stats_t;
+
+/* sizeof(loradb_stats_t) before the version 2 fields were added (still accepted). */
+#define LORADB_STATS_V1_SIZE offsetof(loradb_stats_t, cpu_pooled_bytes)
+
+/* Tensor-parallel placement of the tiers (loradb_options_set_tp): this process is rank `rank` of
+ * `degree` TP ranks; device slots hold only the rank's shard of each adapter (B of q/k/v/gate/up
+ * by output rows, A of o/down by input columns, MoE experts likewise, the rest whole).
+ * Set struct_size = sizeof(loradb_tp_options_t). */
+typedef struct loradb_tp_options_t {
+  size_t struct_size;
+  uint32_t rank;   /* < degree */
+  uint32_t degree; /* 1..4096; 1: no TP placement (the default) */
+  /* The CUDA device of the arena (LORADB_DEVICE_CUDA / _AUTO), e.g. the rank's GPU; -1 keeps
+   * the default (0). */
+  int32_t cuda_device;
+  /* Non-empty (degree > 1 only): the CPU tier holds each revision's pre-sliced per-rank blob,
+   * built under this directory on first use and verified on every read; a derived blob is
+   * removed when the last revision referencing its source is deleted (and swept at open).
+   * NULL/0: the CPU tier holds whole revisions. */
+  const char* derived_dir;
+  size_t derived_dir_len;
+} loradb_tp_options_t;
 
 /* A tensor handed to loradb_publish_tensors (the caller owns the memory). `nbytes` must equal
  * the product of `shape` times the element size. PEFT names, e.g.
@@ -339,6 +376,15 @@ LORADB_EXPORT loradb_status_t loradb_options_set_loader(loradb_options_t* option
 LORADB_EXPORT loradb_status_t loradb_options_set_device(loradb_options_t* options,
                                                         loradb_device_t device,
                                                         uint64_t arena_bytes, uint64_t page_bytes);
+
+/* The tiers' tensor-parallel placement (see loradb_tp_options_t); `tp` NULL resets it (no TP).
+ * Whether the placement fits each adapter (dimensions divisible by the degree) is checked when
+ * the adapter is loaded. Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (options NULL, wrong
+ * struct_size, degree 0 or above 4096, rank >= degree, cuda_device < -1, derived_dir NULL with a
+ * non-zero length, containing a NUL byte, or set with degree 1; *errmsg names the field; nothing
+ * changes); LORADB_INVALID_HANDLE. Not thread-safe (see loradb_options_t). */
+LORADB_EXPORT loradb_status_t loradb_options_set_tp(loradb_options_t* options,
+                                                    const loradb_tp_options_t* tp, char** errmsg);
 
 /* ---- store -------------------------------------------------------------------------------- */
 
@@ -537,9 +583,10 @@ LORADB_EXPORT loradb_status_t loradb_alias_history(loradb_store_t* store, const 
 
 /* Which base, checkpoint, revision and tier answer (policy, alias). The tier is the live one
  * (LORADB_TIER_GPU with its slot when the revision is in the device tier, else LORADB_TIER_CPU
- * when in the CPU cache, else LORADB_TIER_STORAGE), with the leases on it now. Free
- * out->base_name and out->blob_path with loradb_free. Returns: LORADB_OK;
- * LORADB_INVALID_ARGUMENT (out NULL, wrong struct_size, bad names); LORADB_NOT_FOUND;
+ * when in the CPU cache, else LORADB_TIER_STORAGE), with the leases on it now, the slot's bytes
+ * and the TP placement. Free out->base_name and out->blob_path with loradb_free. Returns:
+ * LORADB_OK; LORADB_INVALID_ARGUMENT (out NULL, struct_size neither sizeof nor
+ * LORADB_LOCATED_V1_SIZE, bad names); LORADB_NOT_FOUND;
  * LORADB_INVALID_HANDLE; LORADB_IO_ERROR. Thread-safe. */
 LORADB_EXPORT loradb_status_t loradb_locate(loradb_store_t* store, const char* policy,
                                             size_t policy_len, const char* alias, size_t alias_len,
@@ -656,7 +703,8 @@ LORADB_EXPORT loradb_status_t loradb_evict(loradb_store_t* store, uint64_t revis
 
 /* Counters and gauges of the CPU cache, the loader and the device tier (a consistent snapshot
  * per tier). Returns: LORADB_OK (also without tiers: out->tiers is 0); LORADB_INVALID_ARGUMENT
- * (out NULL, wrong struct_size); LORADB_INVALID_HANDLE. Thread-safe. */
+ * (out NULL, struct_size neither sizeof nor LORADB_STATS_V1_SIZE); LORADB_INVALID_HANDLE.
+ * Thread-safe. */
 LORADB_EXPORT loradb_status_t loradb_stats(loradb_store_t* store, loradb_stats_t* out,
                                            char** errmsg);
 

@@ -3,11 +3,13 @@
 // exception crosses this boundary: each entry point catches everything and reports
 // LORADB_INTERNAL (std::bad_alloc included).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -207,12 +209,109 @@ int64_t RawEnum(const E& e) {
   return static_cast<int64_t>(v);
 }
 
-bool ToDType(const loradb_dtype_t& in, loradb::DType* out) {
+// The C API's enums convert through one table each, both ways: a C value outside the table is
+// refused (read with RawEnum, never cast), and a C++ value maps to its enumerator.
+template <typename Cpp>
+struct EnumEntry {
+  int64_t c;
+  Cpp cpp;
+};
+
+template <typename Cpp, size_t N>
+using EnumTable = std::array<EnumEntry<Cpp>, N>;
+
+// The C++ value of what a C caller stored in `in`; nullopt for a value the table lacks.
+template <typename C, typename Cpp, size_t N>
+std::optional<Cpp> FromCEnum(const C& in, const EnumTable<Cpp, N>& table) {
   const int64_t v = RawEnum(in);
-  if (v < 0 || v > LORADB_DTYPE_F8_E5M2) return false;
-  *out = static_cast<loradb::DType>(v);
+  for (const EnumEntry<Cpp>& e : table) {
+    if (e.c == v) return e.cpp;
+  }
+  return std::nullopt;
+}
+
+// The C enumerator of `in` (every C++ value the tables serve is listed).
+template <typename C, typename Cpp, size_t N>
+C ToCEnum(Cpp in, const EnumTable<Cpp, N>& table) {
+  for (const EnumEntry<Cpp>& e : table) {
+    if (e.cpp == in) return static_cast<C>(e.c);
+  }
+  return static_cast<C>(table[0].c);
+}
+
+using loradb::DType;
+constexpr EnumTable<DType, 15> kDTypes = {{
+    {LORADB_DTYPE_BOOL, DType::kBool},
+    {LORADB_DTYPE_U8, DType::kU8},
+    {LORADB_DTYPE_I8, DType::kI8},
+    {LORADB_DTYPE_I16, DType::kI16},
+    {LORADB_DTYPE_U16, DType::kU16},
+    {LORADB_DTYPE_I32, DType::kI32},
+    {LORADB_DTYPE_U32, DType::kU32},
+    {LORADB_DTYPE_I64, DType::kI64},
+    {LORADB_DTYPE_U64, DType::kU64},
+    {LORADB_DTYPE_F16, DType::kF16},
+    {LORADB_DTYPE_BF16, DType::kBF16},
+    {LORADB_DTYPE_F32, DType::kF32},
+    {LORADB_DTYPE_F64, DType::kF64},
+    {LORADB_DTYPE_F8_E4M3, DType::kF8E4M3},
+    {LORADB_DTYPE_F8_E5M2, DType::kF8E5M2},
+}};
+
+using loradb::tiers::LoaderBackend;
+constexpr EnumTable<LoaderBackend, 3> kLoaders = {{
+    {LORADB_LOADER_AUTO, LoaderBackend::kAuto},
+    {LORADB_LOADER_IO_URING, LoaderBackend::kIoUring},
+    {LORADB_LOADER_PREAD, LoaderBackend::kPread},
+}};
+
+using loradb::tiers::DeviceKind;
+constexpr EnumTable<DeviceKind, 4> kDevices = {{
+    {LORADB_DEVICE_NONE, DeviceKind::kNone},
+    {LORADB_DEVICE_HOST, DeviceKind::kHost},
+    {LORADB_DEVICE_CUDA, DeviceKind::kCuda},
+    {LORADB_DEVICE_AUTO, DeviceKind::kAuto},
+}};
+
+using loradb::Tier;
+constexpr EnumTable<Tier, 3> kTiers = {{
+    {LORADB_TIER_STORAGE, Tier::kStorage},
+    {LORADB_TIER_CPU, Tier::kCpu},
+    {LORADB_TIER_GPU, Tier::kGpu},
+}};
+
+bool ToDType(const loradb_dtype_t& in, loradb::DType* out) {
+  std::optional<DType> d = FromCEnum(in, kDTypes);
+  if (!d.has_value()) return false;
+  *out = *d;
   return true;
 }
+
+// A struct the library fills that grew: its current size or the earlier one(s) in `accepted`.
+// The library builds the whole current struct and copies the caller's struct_size bytes of it.
+template <typename T>
+bool AcceptedSize(size_t size, std::initializer_list<size_t> accepted) {
+  if (size == sizeof(T)) return true;
+  return std::find(accepted.begin(), accepted.end(), size) != accepted.end();
+}
+
+template <typename T>
+void CopyOut(const T& full, T* out) {
+  const size_t size = out->struct_size;
+  std::memcpy(static_cast<void*>(out), &full, std::min(size, sizeof(T)));
+  out->struct_size = size;
+}
+
+#define LORADB_C_CHECK_GROWN_STRUCT(p, type, v1_size)                                          \
+  do {                                                                                         \
+    if ((p) == nullptr) return Fail(LORADB_INVALID_ARGUMENT, #p " is NULL", errmsg);           \
+    if (!AcceptedSize<type>((p)->struct_size, {static_cast<size_t>(v1_size)})) {               \
+      return Fail(LORADB_INVALID_ARGUMENT,                                                     \
+                  absl::StrCat(#p "->struct_size is ", (p)->struct_size, ", expected sizeof(", \
+                               #type ") = ", sizeof(type), " or " #v1_size " = ", v1_size),    \
+                  errmsg);                                                                     \
+    }                                                                                          \
+  } while (0)
 
 void FillRevision(const loradb::RevisionRecord& r, loradb_revision_info_t* out) {
   const size_t size = out->struct_size;
@@ -353,7 +452,7 @@ void FillView(const loradb::TensorView& t, loradb_tensor_view_t* view) {
   view->struct_size = size;
   view->name = t.name.data();
   view->name_len = t.name.size();
-  view->dtype = static_cast<loradb_dtype_t>(static_cast<int>(t.dtype));
+  view->dtype = ToCEnum<loradb_dtype_t>(t.dtype, kDTypes);
   view->shape = t.shape.data();
   view->ndim = t.shape.size();
   view->data = t.data;
@@ -485,21 +584,9 @@ loradb_status_t loradb_options_set_loader(loradb_options_t* options, loradb_load
   if (max_inflight_loads == 0 || max_inflight_loads > kMax || max_queued_loads > kMax) {
     return LORADB_INVALID_ARGUMENT;
   }
-  loradb::tiers::LoaderBackend backend;
-  switch (RawEnum(loader)) {
-    case LORADB_LOADER_AUTO:
-      backend = loradb::tiers::LoaderBackend::kAuto;
-      break;
-    case LORADB_LOADER_IO_URING:
-      backend = loradb::tiers::LoaderBackend::kIoUring;
-      break;
-    case LORADB_LOADER_PREAD:
-      backend = loradb::tiers::LoaderBackend::kPread;
-      break;
-    default:
-      return LORADB_INVALID_ARGUMENT;
-  }
-  options->tiers.loader.backend = backend;
+  std::optional<LoaderBackend> backend = FromCEnum(loader, kLoaders);
+  if (!backend.has_value()) return LORADB_INVALID_ARGUMENT;
+  options->tiers.loader.backend = *backend;
   options->tiers.cpu.max_inflight_loads = max_inflight_loads;
   options->tiers.cpu.max_queued_loads = max_queued_loads;
   options->tiers.cpu.negative_ttl = absl::Milliseconds(negative_ttl_ms);
@@ -510,23 +597,9 @@ loradb_status_t loradb_options_set_device(loradb_options_t* options, loradb_devi
                                           uint64_t arena_bytes, uint64_t page_bytes) {
   if (options == nullptr) return LORADB_INVALID_ARGUMENT;
   if (!Registry().Contains(options)) return LORADB_INVALID_HANDLE;
-  loradb::tiers::DeviceKind kind;
-  switch (RawEnum(device)) {
-    case LORADB_DEVICE_NONE:
-      kind = loradb::tiers::DeviceKind::kNone;
-      break;
-    case LORADB_DEVICE_HOST:
-      kind = loradb::tiers::DeviceKind::kHost;
-      break;
-    case LORADB_DEVICE_CUDA:
-      kind = loradb::tiers::DeviceKind::kCuda;
-      break;
-    case LORADB_DEVICE_AUTO:
-      kind = loradb::tiers::DeviceKind::kAuto;
-      break;
-    default:
-      return LORADB_INVALID_ARGUMENT;
-  }
+  std::optional<DeviceKind> found = FromCEnum(device, kDevices);
+  if (!found.has_value()) return LORADB_INVALID_ARGUMENT;
+  const DeviceKind kind = *found;
   if (kind != loradb::tiers::DeviceKind::kNone) {
     if (arena_bytes == 0) return LORADB_INVALID_ARGUMENT;
     if (page_bytes != 0 &&
@@ -538,6 +611,52 @@ loradb_status_t loradb_options_set_device(loradb_options_t* options, loradb_devi
   }
   options->tiers.device = kind;
   return LORADB_OK;
+}
+
+loradb_status_t loradb_options_set_tp(loradb_options_t* options, const loradb_tp_options_t* tp,
+                                      char** errmsg) {
+  return Guarded(errmsg, [&]() -> loradb_status_t {
+    if (options == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "options is NULL", errmsg);
+    if (!Registry().Contains(options)) {
+      return Fail(LORADB_INVALID_HANDLE, "options handle was destroyed", errmsg);
+    }
+    if (tp == nullptr) {
+      options->tiers.slots.tp = {};
+      options->tiers.tp_derived_dir.clear();
+      options->tiers.cuda_device = 0;
+      return LORADB_OK;
+    }
+    LORADB_C_CHECK_STRUCT(tp, loradb_tp_options_t);
+    constexpr uint32_t kMaxDegree = 4096;
+    if (tp->degree == 0 || tp->degree > kMaxDegree) {
+      return Fail(LORADB_INVALID_ARGUMENT,
+                  absl::StrCat("tp->degree is ", tp->degree, ": use 1..", kMaxDegree), errmsg);
+    }
+    if (tp->rank >= tp->degree) {
+      return Fail(LORADB_INVALID_ARGUMENT,
+                  absl::StrCat("tp->rank ", tp->rank, " is not below tp->degree ", tp->degree),
+                  errmsg);
+    }
+    if (tp->cuda_device < -1) {
+      return Fail(LORADB_INVALID_ARGUMENT,
+                  absl::StrCat("tp->cuda_device is ", tp->cuda_device, ": use -1 or a device"),
+                  errmsg);
+    }
+    LORADB_C_STRING(dir, tp->derived_dir, tp->derived_dir_len, "tp->derived_dir");
+    if (dir.find('\0') != std::string::npos) {
+      return Fail(LORADB_INVALID_ARGUMENT, "tp->derived_dir contains a NUL byte", errmsg);
+    }
+    if (!dir.empty() && tp->degree == 1) {
+      return Fail(LORADB_INVALID_ARGUMENT,
+                  "tp->derived_dir needs tp->degree > 1 (a TP 1 rank holds whole revisions)",
+                  errmsg);
+    }
+    // Validated first: a refused call changes nothing.
+    options->tiers.slots.tp = {static_cast<int>(tp->rank), static_cast<int>(tp->degree)};
+    options->tiers.tp_derived_dir = dir;
+    if (tp->cuda_device >= 0) options->tiers.cuda_device = tp->cuda_device;
+    return LORADB_OK;
+  });
 }
 
 // ---- store
@@ -940,31 +1059,31 @@ loradb_status_t loradb_locate(loradb_store_t* store, const char* policy, size_t 
     LORADB_C_CHECK_STORE(store);
     LORADB_C_STRING(p, policy, policy_len, "policy");
     LORADB_C_STRING(a, alias, alias_len, "alias");
-    LORADB_C_CHECK_STRUCT(out, loradb_located_t);
+    LORADB_C_CHECK_GROWN_STRUCT(out, loradb_located_t, LORADB_LOCATED_V1_SIZE);
     absl::StatusOr<loradb::Located> l = store->store->Locate(p, a);
     if (!l.ok()) return Report(l.status(), errmsg);
     loradb::tiers::TierPlace place;  // storage, no leases, when there are no tiers
     if (store->tiers != nullptr) place = store->tiers->Where(l->revision.id);
-    l->location.tier = place.tier;
-    const size_t size = out->struct_size;
-    std::memset(out, 0, sizeof(*out));
-    out->struct_size = size;
-    out->base_name = CopyString(l->base.name);
-    out->blob_path = CopyString(l->location.blob_path);
-    if (out->base_name == nullptr || out->blob_path == nullptr) {
-      std::free(out->base_name);
-      std::free(out->blob_path);
-      out->base_name = out->blob_path = nullptr;
+    loradb_located_t full{};
+    full.base_name = CopyString(l->base.name);
+    full.blob_path = CopyString(l->location.blob_path);
+    if (full.base_name == nullptr || full.blob_path == nullptr) {
+      std::free(full.base_name);
+      std::free(full.blob_path);
       return Fail(LORADB_INTERNAL, "out of memory", errmsg);
     }
-    out->checkpoint_id = l->checkpoint.has_value() ? l->checkpoint->id : 0;
-    out->revision_id = l->revision.id;
-    out->tier = static_cast<loradb_tier_t>(static_cast<int>(l->location.tier));
-    out->bytes = l->location.bytes;
-    out->has_slot = place.slot.has_value() ? 1 : 0;
-    out->slot = place.slot.value_or(0);
-    out->cpu_leases = place.cpu_leases;
-    out->device_leases = place.device_leases;
+    full.checkpoint_id = l->checkpoint.has_value() ? l->checkpoint->id : 0;
+    full.revision_id = l->revision.id;
+    full.tier = ToCEnum<loradb_tier_t>(place.tier, kTiers);
+    full.bytes = l->location.bytes;
+    full.has_slot = place.slot.has_value() ? 1 : 0;
+    full.slot = place.slot.value_or(0);
+    full.cpu_leases = place.cpu_leases;
+    full.device_leases = place.device_leases;
+    full.device_bytes = place.device_bytes;
+    full.tp_rank = static_cast<uint32_t>(place.tp.rank);
+    full.tp_degree = static_cast<uint32_t>(place.tp.degree);
+    CopyOut(full, out);
     return LORADB_OK;
   });
 }
@@ -1012,7 +1131,7 @@ void FillDeviceView(const loradb::tiers::DeviceTensor& t, loradb_tensor_view_t* 
   view->struct_size = size;
   view->name = t.name.data();
   view->name_len = t.name.size();
-  view->dtype = static_cast<loradb_dtype_t>(static_cast<int>(t.dtype));
+  view->dtype = ToCEnum<loradb_dtype_t>(t.dtype, kDTypes);
   view->shape = t.shape.data();
   view->ndim = t.shape.size();
   view->data = t.data;
@@ -1226,12 +1345,12 @@ loradb_status_t loradb_evict(loradb_store_t* store, uint64_t revision, loradb_ti
                              char** errmsg) {
   return Guarded(errmsg, [&]() -> loradb_status_t {
     LORADB_C_CHECK_STORE(store);
-    const int64_t t = RawEnum(tier);
-    if (t != LORADB_TIER_CPU && t != LORADB_TIER_GPU) {
+    const std::optional<Tier> t = FromCEnum(tier, kTiers);
+    if (t != Tier::kCpu && t != Tier::kGpu) {
       return Fail(LORADB_INVALID_ARGUMENT, "evict from LORADB_TIER_CPU or LORADB_TIER_GPU", errmsg);
     }
     LORADB_C_CHECK_TIERS(store);
-    if (t == LORADB_TIER_CPU) return Report(store->tiers->cpu().Evict(revision), errmsg);
+    if (t == Tier::kCpu) return Report(store->tiers->cpu().Evict(revision), errmsg);
     loradb::tiers::DeviceSlots* device = store->tiers->device();
     if (device == nullptr) {
       return Fail(LORADB_UNAVAILABLE, "the store was opened without a device tier", errmsg);
@@ -1240,66 +1359,83 @@ loradb_status_t loradb_evict(loradb_store_t* store, uint64_t revision, loradb_ti
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+// The full (current-version) stats of `t` (nullptr: no tiers, all zero).
+void FillStats(loradb::tiers::StoreTiers* t, loradb_stats_t* o) {
+  o->tp_degree = 1;
+  if (t == nullptr) return;
+  o->tiers = 1;
+  const loradb::tiers::CpuCacheStats c = t->cpu().stats();
+  o->cpu_budget_bytes = t->cpu().options().budget_bytes;
+  o->cpu_hits = c.hits;
+  o->cpu_misses = c.misses;
+  o->cpu_loads = c.loads;
+  o->cpu_load_failures = c.load_failures;
+  o->cpu_joined = c.joined_waiters;
+  o->cpu_rejections = c.rejections;
+  o->cpu_negative_hits = c.negative_hits;
+  o->cpu_prefetches = c.prefetches;
+  o->cpu_evictions = c.evictions;
+  o->cpu_bytes_in = c.bytes_in;
+  o->cpu_bytes_out = c.bytes_out;
+  o->cpu_resident_bytes = c.resident_bytes;
+  o->cpu_resident_entries = c.resident_entries;
+  o->cpu_leased_bytes = c.leased_bytes;
+  o->cpu_inflight_loads = c.inflight_loads;
+  o->cpu_queued_loads = c.queued_loads;
+  o->cpu_load_p50_us = Micros(c.load_latency.Quantile(0.5));
+  o->cpu_load_p99_us = Micros(c.load_latency.Quantile(0.99));
+  o->cpu_pooled_bytes = c.pooled_bytes;
+  o->cpu_pool_cap_bytes = c.pool_cap_bytes;
+  o->tp_rank = static_cast<uint32_t>(t->tp().rank);
+  o->tp_degree = static_cast<uint32_t>(t->tp().degree);
+  o->tp_derived = t->tp_derived() ? 1 : 0;
+  std::snprintf(o->eviction, sizeof(o->eviction), "%s",
+                loradb::tiers::EvictionPolicyName(t->cpu().options().policy));
+  const loradb::tiers::LoaderStats l = t->loader().stats();
+  o->loader = l.backend == loradb::tiers::LoaderBackend::kIoUring ? LORADB_LOADER_IO_URING
+                                                                  : LORADB_LOADER_PREAD;
+  o->loader_io_uring_errno = l.io_uring_init_errno;
+  o->loader_files = l.files;
+  o->loader_bytes = l.bytes;
+  o->loader_checksum_failures = l.checksum_failures;
+  o->loader_read_errors = l.read_errors;
+  loradb::tiers::DeviceSlots* device = t->device();
+  if (device == nullptr) return;
+  const loradb::tiers::DeviceSlotsStats d = device->stats();
+  o->device = device->backend().is_device() ? LORADB_DEVICE_CUDA : LORADB_DEVICE_HOST;
+  o->device_batches = d.batches;
+  o->device_batch_failures = d.batch_failures;
+  o->device_hits = d.hits;
+  o->device_misses = d.misses;
+  o->device_evictions = d.evictions;
+  o->device_bytes_copied = d.bytes_copied;
+  o->device_resident_adapters = d.resident_adapters;
+  o->device_leased_adapters = d.leased_adapters;
+  o->device_arena_bytes = device->options().arena_bytes;
+  o->device_page_bytes = device->options().page_bytes;
+  o->device_pages_total = d.pages_total;
+  o->device_pages_free = d.pages_free;
+  o->device_largest_free_run = d.largest_free_run;
+  o->device_payload_bytes = d.payload_bytes;
+  o->device_page_waste_bytes = d.page_waste_bytes;
+  o->device_fragmentation = d.fragmentation;
+}
+
+}  // namespace
+
+extern "C" {
+
 loradb_status_t loradb_stats(loradb_store_t* store, loradb_stats_t* out, char** errmsg) {
   return Guarded(errmsg, [&]() -> loradb_status_t {
     LORADB_C_CHECK_STORE(store);
-    LORADB_C_CHECK_STRUCT(out, loradb_stats_t);
-    const size_t size = out->struct_size;
-    std::memset(out, 0, sizeof(*out));
-    out->struct_size = size;
-    loradb::tiers::StoreTiers* t = store->tiers;
-    if (t == nullptr) return LORADB_OK;
-    out->tiers = 1;
-    const loradb::tiers::CpuCacheStats c = t->cpu().stats();
-    out->cpu_budget_bytes = t->cpu().options().budget_bytes;
-    out->cpu_hits = c.hits;
-    out->cpu_misses = c.misses;
-    out->cpu_loads = c.loads;
-    out->cpu_load_failures = c.load_failures;
-    out->cpu_joined = c.joined_waiters;
-    out->cpu_rejections = c.rejections;
-    out->cpu_negative_hits = c.negative_hits;
-    out->cpu_prefetches = c.prefetches;
-    out->cpu_evictions = c.evictions;
-    out->cpu_bytes_in = c.bytes_in;
-    out->cpu_bytes_out = c.bytes_out;
-    out->cpu_resident_bytes = c.resident_bytes;
-    out->cpu_resident_entries = c.resident_entries;
-    out->cpu_leased_bytes = c.leased_bytes;
-    out->cpu_inflight_loads = c.inflight_loads;
-    out->cpu_queued_loads = c.queued_loads;
-    out->cpu_load_p50_us = Micros(c.load_latency.Quantile(0.5));
-    out->cpu_load_p99_us = Micros(c.load_latency.Quantile(0.99));
-    std::snprintf(out->eviction, sizeof(out->eviction), "%s",
-                  loradb::tiers::EvictionPolicyName(t->cpu().options().policy));
-    const loradb::tiers::LoaderStats l = t->loader().stats();
-    out->loader = l.backend == loradb::tiers::LoaderBackend::kIoUring ? LORADB_LOADER_IO_URING
-                                                                      : LORADB_LOADER_PREAD;
-    out->loader_io_uring_errno = l.io_uring_init_errno;
-    out->loader_files = l.files;
-    out->loader_bytes = l.bytes;
-    out->loader_checksum_failures = l.checksum_failures;
-    out->loader_read_errors = l.read_errors;
-    loradb::tiers::DeviceSlots* device = t->device();
-    if (device == nullptr) return LORADB_OK;
-    const loradb::tiers::DeviceSlotsStats d = device->stats();
-    out->device = device->backend().is_device() ? LORADB_DEVICE_CUDA : LORADB_DEVICE_HOST;
-    out->device_batches = d.batches;
-    out->device_batch_failures = d.batch_failures;
-    out->device_hits = d.hits;
-    out->device_misses = d.misses;
-    out->device_evictions = d.evictions;
-    out->device_bytes_copied = d.bytes_copied;
-    out->device_resident_adapters = d.resident_adapters;
-    out->device_leased_adapters = d.leased_adapters;
-    out->device_arena_bytes = device->options().arena_bytes;
-    out->device_page_bytes = device->options().page_bytes;
-    out->device_pages_total = d.pages_total;
-    out->device_pages_free = d.pages_free;
-    out->device_largest_free_run = d.largest_free_run;
-    out->device_payload_bytes = d.payload_bytes;
-    out->device_page_waste_bytes = d.page_waste_bytes;
-    out->device_fragmentation = d.fragmentation;
+    LORADB_C_CHECK_GROWN_STRUCT(out, loradb_stats_t, LORADB_STATS_V1_SIZE);
+    loradb_stats_t full{};
+    FillStats(store->tiers, &full);
+    CopyOut(full, out);
     return LORADB_OK;
   });
 }

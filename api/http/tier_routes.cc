@@ -29,6 +29,7 @@ class TierApi {
                    {"entries", c.resident_entries},
                    {"bytes", c.resident_bytes},
                    {"budget_bytes", tiers_->cpu().options().budget_bytes},
+                   {"pooled_bytes", c.pooled_bytes},
                    {"leased_bytes", c.leased_bytes},
                    {"over_budget_bytes", c.over_budget_bytes},
                    {"eviction_policy", tiers::EvictionPolicyName(tiers_->cpu().options().policy)}});
@@ -43,9 +44,17 @@ class TierApi {
                      {"pages_free", s.pages_free},
                      {"largest_free_run", s.largest_free_run},
                      {"page_waste_bytes", s.page_waste_bytes},
-                     {"fragmentation", s.fragmentation}});
+                     {"fragmentation", s.fragmentation},
+                     {"tp", Tp()}});
     }
     return out;
+  }
+
+  // The tiers' tensor-parallel placement: device slots hold rank `rank` of `degree`'s shard;
+  // `derived`: the CPU tier holds each revision's derived per-rank blob.
+  json Tp() const {
+    const tiers::TpShardSpec tp = tiers_->tp();
+    return {{"rank", tp.rank}, {"degree", tp.degree}, {"derived", tiers_->tp_derived()}};
   }
 
   absl::StatusOr<Reply> GetResidency(const Call&) const {
@@ -69,6 +78,10 @@ class TierApi {
                     {"bytes_out", c.bytes_out},
                     {"inflight_loads", c.inflight_loads},
                     {"queued_loads", c.queued_loads},
+                    {"resident_bytes", c.resident_bytes},
+                    {"pooled_bytes", c.pooled_bytes},
+                    {"pool_cap_bytes", c.pool_cap_bytes},
+                    {"budget_bytes", tiers_->cpu().options().budget_bytes},
                     {"load_p50_ms", Ms(c.load_latency.Quantile(0.5))},
                     {"load_p99_ms", Ms(c.load_latency.Quantile(0.99))}});
     if (tiers::DeviceSlots* d = tiers_->device()) {
@@ -82,6 +95,8 @@ class TierApi {
                       {"evictions", s.evictions},
                       {"batches", s.batches},
                       {"bytes_copied", s.bytes_copied},
+                      {"payload_bytes", s.payload_bytes},
+                      {"arena_bytes", d->options().arena_bytes},
                       {"copy_p50_ms", Ms(s.copy_latency.Quantile(0.5))},
                       {"copy_p99_ms", Ms(s.copy_latency.Quantile(0.99))}});
     }
@@ -95,18 +110,28 @@ class TierApi {
                    {"buffered_files", l.buffered_files},
                    {"checksum_failures", l.checksum_failures},
                    {"read_errors", l.read_errors}};
-    return Reply::Json({{"tiers", list}, {"loader", loader}});
+    return Reply::Json({{"tiers", list}, {"loader", loader}, {"tp", Tp()}});
   }
 
   json Place(uint64_t id) const {
+    bool pinned = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pinned = pins_.count(id) > 0;
+    }
+    return PlaceJson(id, pinned);
+  }
+
+  json PlaceJson(uint64_t id, bool pinned) const {
     tiers::TierPlace p = tiers_->Where(id);
-    std::lock_guard<std::mutex> lock(mu_);
     return {{"revision", id},
             {"tier", std::string(TierName(p.tier))},
             {"slot", p.slot.has_value() ? json(*p.slot) : json(nullptr)},
             {"cpu_leases", p.cpu_leases},
             {"device_leases", p.device_leases},
-            {"pinned", pins_.count(id) > 0}};
+            {"device_bytes", p.device_bytes},
+            {"tp", {{"rank", p.tp.rank}, {"degree", p.tp.degree}}},
+            {"pinned", pinned}};
   }
 
   absl::StatusOr<uint64_t> Id(const Call& call) const { return ParseUint(call.Param("id"), "id"); }
@@ -138,7 +163,7 @@ class TierApi {
     LORADB_ASSIGN_OR_RETURN(uint64_t id, Id(call));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (pins_.count(id) > 0) return Reply::Json(PlaceLocked(id));
+      if (pins_.count(id) > 0) return Reply::Json(PlaceJson(id, /*pinned=*/true));
     }
     LORADB_ASSIGN_OR_RETURN(tiers::CpuLease lease, tiers_->AcquireCpu(id));
     {
@@ -183,6 +208,9 @@ class TierApi {
             "gauge");
     counter("loradb_cpu_cache_resident_entries", "Revisions resident in the CPU cache.",
             c.resident_entries, "gauge");
+    counter("loradb_host_buffer_pool_bytes",
+            "Free host buffers kept for reuse; counted against the CPU cache budget.",
+            c.pooled_bytes, "gauge");
     if (tiers::DeviceSlots* d = tiers_->device()) {
       tiers::DeviceSlotsStats s = d->stats();
       counter("loradb_device_hits_total", "Adapters already in a device slot.", s.hits);
@@ -194,16 +222,6 @@ class TierApi {
   }
 
  private:
-  json PlaceLocked(uint64_t id) const {
-    tiers::TierPlace p = tiers_->Where(id);
-    return {{"revision", id},
-            {"tier", std::string(TierName(p.tier))},
-            {"slot", p.slot.has_value() ? json(*p.slot) : json(nullptr)},
-            {"cpu_leases", p.cpu_leases},
-            {"device_leases", p.device_leases},
-            {"pinned", true}};
-  }
-
   std::shared_ptr<tiers::StoreTiers> tiers_;
   mutable std::mutex mu_;
   std::map<uint64_t, tiers::CpuLease> pins_;
@@ -214,22 +232,29 @@ class TierApi {
 absl::Status AddTierRoutes(std::shared_ptr<tiers::StoreTiers> t, Server* server) {
   auto api = std::make_shared<TierApi>(std::move(t));
   Router* r = server->router();
-  json place = {{"type", "object"},
-                {"required", {"revision", "tier", "slot", "cpu_leases", "device_leases", "pinned"}},
-                {"properties",
-                 {{"revision", {{"type", "integer"}}},
-                  {"tier", {{"type", "string"}, {"enum", {"storage", "cpu", "gpu"}}}},
-                  {"slot", {{"type", json::array({"integer", "null"})}}},
-                  {"cpu_leases", {{"type", "integer"}}},
-                  {"device_leases", {{"type", "integer"}}},
-                  {"pinned", {{"type", "boolean"}}}}}};
+  json place = {
+      {"type", "object"},
+      {"required", {"revision", "tier", "slot", "cpu_leases", "device_leases", "pinned"}},
+      {"properties",
+       {{"revision", {{"type", "integer"}}},
+        {"tier", {{"type", "string"}, {"enum", {"storage", "cpu", "gpu"}}}},
+        {"slot", {{"type", json::array({"integer", "null"})}}},
+        {"cpu_leases", {{"type", "integer"}}},
+        {"device_leases", {{"type", "integer"}}},
+        {"device_bytes", {{"type", "integer"}}},
+        {"tp",
+         {{"type", "object"},
+          {"required", {"rank", "degree"}},
+          {"properties", {{"rank", {{"type", "integer"}}}, {"degree", {{"type", "integer"}}}}}}},
+        {"pinned", {{"type", "boolean"}}}}}};
   r->AddSchemas({{"TierPlace", place}});
   json place_ref = {{"$ref", "#/components/schemas/TierPlace"}};
   json tiers_list = {{"type", "object"},
                      {"required", {"tiers"}},
                      {"properties",
                       {{"tiers", {{"type", "array"}, {"items", {{"type", "object"}}}}},
-                       {"loader", {{"type", "object"}}}}}};
+                       {"loader", {{"type", "object"}}},
+                       {"tp", {{"type", "object"}}}}}};
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(
       "GET", "/v1/residency", [api](const Call& c) { return api->GetResidency(c); },
       Operation("What is in each tier: entries, bytes, budgets, fragmentation", "tiers",

@@ -459,10 +459,15 @@ absl::Status Store::SetEvalScore(uint64_t id, const std::string& name, float val
 }
 
 absl::Status Store::DeleteRevision(uint64_t id) {
+  absl::StatusOr<RevisionRecord> rev = catalog_->GetRevision(id);
   LORADB_RETURN_IF_ERROR(catalog_->DeleteRevision(id));
   // Best effort: a leased copy stays until its leases end (the next load sees the revision is
-  // no longer live); NotFound just means it was not resident.
-  if (tiers_ != nullptr) tiers_->Drop(id);
+  // no longer live); NotFound just means it was not resident. The derived TP blobs of a source
+  // blob nothing references any more go now (a failure leaves them to the next sweep).
+  if (tiers_ != nullptr) {
+    tiers_->Drop(id);
+    if (rev.ok()) (void)tiers_->ForgetDerivedShards(rev->blob.hash);
+  }
   return absl::OkStatus();
 }
 

@@ -42,7 +42,7 @@ void CpuLease::Release() {
 }
 
 CpuCache::CpuCache(CpuCacheOptions options, AdapterLoadFn load)
-    : options_(std::move(options)), load_(std::move(load)) {
+    : options_(std::move(options)), load_(std::move(load)), pool_account_(options_.budget_bytes) {
   MutexLock lock(&mu_);
   policy_ = MakeEvictionPolicy(options_.policy, options_.budget_bytes, options_.expected_entries);
 }
@@ -197,16 +197,18 @@ void CpuCache::WorkerLoop() {
       result = absl::InternalError("adapter load function returned null");
     }
     std::vector<std::shared_ptr<const CachedAdapter>> garbage;
+    ReleasedHostBuffers released;
     {
       MutexLock lock(&mu_);
       running_--;
       loads_.erase(load->revision);
       stats_.load_latency.Record(took);
       if (result.ok()) {
-        const std::shared_ptr<const CachedAdapter>& data = *result;
+        // Moved, not copied: once the waiters wake, the entry holds the only reference, so an
+        // eviction frees (or pools) the buffer at once rather than when this thread loops.
         Entry e;
-        e.data = data;
-        e.bytes = data->bytes;
+        e.data = *std::move(result);
+        e.bytes = e.data->bytes;
         e.leases = load->waiters;
         entries_[load->revision] = e;
         policy_->Insert(load->revision, e.bytes);
@@ -215,7 +217,7 @@ void CpuCache::WorkerLoop() {
         stats_.resident_bytes += e.bytes;
         stats_.resident_entries++;
         if (e.leases > 0) stats_.leased_bytes += e.bytes;
-        EvictOverBudget(&garbage);
+        EvictOverBudget(&garbage, &released);
       } else {
         load->status = result.status();
         stats_.load_failures++;
@@ -239,7 +241,8 @@ void CpuCache::RemoveEntry(uint64_t revision,
   entries_.erase(it);
 }
 
-void CpuCache::EvictOverBudget(std::vector<std::shared_ptr<const CachedAdapter>>* garbage) {
+void CpuCache::EvictOverBudget(std::vector<std::shared_ptr<const CachedAdapter>>* garbage,
+                               ReleasedHostBuffers* released) {
   while (stats_.resident_bytes > options_.budget_bytes) {
     std::optional<uint64_t> victim = policy_->EvictOne([this](uint64_t key) {
       mu_.AssertHeld();
@@ -249,30 +252,33 @@ void CpuCache::EvictOverBudget(std::vector<std::shared_ptr<const CachedAdapter>>
     if (!victim.has_value()) break;  // everything left is leased
     RemoveEntry(*victim, garbage);
   }
-  UpdateOverBudget();
+  UpdateOverBudget(released);
 }
 
-void CpuCache::UpdateOverBudget() {
+void CpuCache::UpdateOverBudget(ReleasedHostBuffers* released) {
   stats_.over_budget_bytes = stats_.resident_bytes > options_.budget_bytes
                                  ? stats_.resident_bytes - options_.budget_bytes
                                  : 0;
   stats_.peak_over_budget_bytes = std::max(stats_.peak_over_budget_bytes, stats_.over_budget_bytes);
+  pool_account_.SetCharged(stats_.resident_bytes, released);
 }
 
 void CpuCache::Release(uint64_t revision) {
   std::vector<std::shared_ptr<const CachedAdapter>> garbage;
+  ReleasedHostBuffers released;
   MutexLock lock(&mu_);
   auto it = entries_.find(revision);
   if (it == entries_.end() || it->second.leases <= 0) return;  // cannot happen with RAII leases
   if (--it->second.leases == 0) {
     stats_.leased_bytes -= it->second.bytes;
-    if (stats_.resident_bytes > options_.budget_bytes) EvictOverBudget(&garbage);
+    if (stats_.resident_bytes > options_.budget_bytes) EvictOverBudget(&garbage, &released);
   }
-  // `garbage` is destroyed after the lock is released (declared before `lock`).
+  // `garbage` and `released` are destroyed after the lock is released (declared before `lock`).
 }
 
 absl::Status CpuCache::Evict(uint64_t revision) {
   std::vector<std::shared_ptr<const CachedAdapter>> garbage;
+  ReleasedHostBuffers released;
   MutexLock lock(&mu_);
   auto it = entries_.find(revision);
   if (it == entries_.end()) {
@@ -287,7 +293,7 @@ absl::Status CpuCache::Evict(uint64_t revision) {
   }
   policy_->Erase(revision);
   RemoveEntry(revision, &garbage);
-  UpdateOverBudget();
+  UpdateOverBudget(&released);
   return absl::OkStatus();
 }
 
@@ -314,6 +320,9 @@ CpuCacheStats CpuCache::stats() const {
   CpuCacheStats s = stats_;
   s.inflight_loads = running_;
   s.queued_loads = queue_.size();
+  const HostBufferPoolStats pool = GetHostBufferPoolStats();
+  s.pooled_bytes = pool.bytes;
+  s.pool_cap_bytes = pool.cap;
   return s;
 }
 

@@ -11,6 +11,9 @@
 //   prefetch), then in arrival order.
 // - A failed load is remembered for `negative_ttl`: requests in that window get the same error
 //   without a new load.
+// - The host-buffer pool's free buffers count against the budget (HostBufferPoolAccount): after
+//   every cache operation, resident + pooled <= budget (with other caches open, the pool holds at
+//   most their unused budgets together); the pool gives way before any entry is evicted.
 #ifndef LORADB_STORAGE_TIERS_CPU_CACHE_H_
 #define LORADB_STORAGE_TIERS_CPU_CACHE_H_
 
@@ -30,6 +33,7 @@
 #include "absl/time/time.h"
 #include "storage/formats/tensor.h"
 #include "storage/tiers/eviction.h"
+#include "storage/tiers/host_buffer.h"
 #include "storage/tiers/latency_histogram.h"
 #include "storage/tiers/sync.h"
 
@@ -79,8 +83,12 @@ struct CpuCacheStats {
   uint64_t leased_bytes = 0;            // bytes of entries with at least one lease
   uint64_t over_budget_bytes = 0;       // resident - budget when positive (all leased)
   uint64_t peak_over_budget_bytes = 0;  // the most it has been
-  uint64_t inflight_loads = 0;          // loads running now
-  uint64_t queued_loads = 0;            // loads waiting for a loader thread
+  // Free host buffers the process-wide pool holds now (host_buffer.h), counted against the
+  // budget with the resident bytes; and what the pool may hold at most now.
+  uint64_t pooled_bytes = 0;
+  uint64_t pool_cap_bytes = 0;
+  uint64_t inflight_loads = 0;  // loads running now
+  uint64_t queued_loads = 0;    // loads waiting for a loader thread
   LatencyHistogram load_latency;
 };
 
@@ -188,12 +196,14 @@ class CpuCache {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RaisePriority(Load& load, LoadPriority priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts unleased entries until within budget; freed data is moved into `garbage` so it is
-  // destroyed after the lock is dropped.
-  void EvictOverBudget(std::vector<std::shared_ptr<const CachedAdapter>>* garbage)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // destroyed after the lock is dropped, as are the pooled buffers moved into `released`.
+  void EvictOverBudget(std::vector<std::shared_ptr<const CachedAdapter>>* garbage,
+                       ReleasedHostBuffers* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveEntry(uint64_t revision, std::vector<std::shared_ptr<const CachedAdapter>>* garbage)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateOverBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Updates the over-budget gauges and charges the resident bytes to the pool account (before
+  // any evicted buffer reaches the pool), which trims the pool into `released`.
+  void UpdateOverBudget(ReleasedHostBuffers* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CpuCacheOptions options_;
   const AdapterLoadFn load_;
@@ -213,6 +223,9 @@ class CpuCache {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   CpuCacheStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
+  // Declared after entries_ (destroyed first): a closing cache's buffers go to the pool under
+  // the other accounts' room, or its limit.
+  HostBufferPoolAccount pool_account_;
 };
 
 }  // namespace loradb::tiers

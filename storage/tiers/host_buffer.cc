@@ -2,12 +2,14 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -92,24 +94,20 @@ class BufferPool {
     lent_.insert(data);
   }
 
-  // Keeps `f` if it fits under the limit (dropping older buffers to make room); returns what
+  // Keeps `f` if it fits under the cap (dropping older buffers to make room); returns what
   // the caller must release.
   std::vector<Free> Put(Free f) {
     MutexLock lock(&mu_);
     std::vector<Free> release;
     // Buffers from Allocate were never lent: a caller that never reads through the loader must
     // not have its freed buffers parked here.
-    if (lent_.erase(f.data) == 0 || f.capacity > limit_) {
+    if (lent_.erase(f.data) == 0 || f.capacity > CapLocked()) {
       release.push_back(f);
       return release;
     }
-    while (bytes_ + f.capacity > limit_ && !free_.empty()) {
-      release.push_back(free_.front());
-      bytes_ -= free_.front().capacity;
-      free_.erase(free_.begin());
-    }
     free_.push_back(f);
     bytes_ += f.capacity;
+    TrimLocked(&release);
     return release;
   }
 
@@ -117,11 +115,27 @@ class BufferPool {
     MutexLock lock(&mu_);
     limit_ = limit;
     std::vector<Free> release;
-    while (bytes_ > limit_ && !free_.empty()) {
-      release.push_back(free_.front());
-      bytes_ -= free_.front().capacity;
-      free_.erase(free_.begin());
+    TrimLocked(&release);
+    return release;
+  }
+
+  uint64_t AddAccount(uint64_t budget) {
+    MutexLock lock(&mu_);
+    const uint64_t id = next_account_++;
+    accounts_[id] = {budget, 0};
+    return id;
+  }
+
+  // Sets an account's charge (or removes it with `remove`) and trims to the new cap.
+  std::vector<Free> Charge(uint64_t id, uint64_t charged, bool remove) {
+    MutexLock lock(&mu_);
+    if (remove) {
+      accounts_.erase(id);
+    } else if (auto it = accounts_.find(id); it != accounts_.end()) {
+      it->second.charged = charged;
     }
+    std::vector<Free> release;
+    TrimLocked(&release);
     return release;
   }
 
@@ -132,7 +146,7 @@ class BufferPool {
 
   HostBufferPoolStats Stats() {
     MutexLock lock(&mu_);
-    return {reused_, allocated_, free_.size(), bytes_, limit_};
+    return {reused_, allocated_, free_.size(), bytes_, limit_, CapLocked(), accounts_.size()};
   }
 
  private:
@@ -143,6 +157,34 @@ class BufferPool {
   }
   static constexpr uint64_t kDefaultLimit = uint64_t{1} << 30;
 
+  struct Account {
+    uint64_t budget = 0;
+    uint64_t charged = 0;
+  };
+
+  // The bytes the pool may hold now: the limit, and while accounts exist no more than their
+  // unused budgets together.
+  uint64_t CapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (accounts_.empty()) return limit_;
+    uint64_t room = 0;
+    for (const auto& [id, a] : accounts_) {
+      if (a.charged < a.budget) room += a.budget - a.charged;
+    }
+    return std::min(limit_, room);
+  }
+
+  // Drops the oldest free buffers until the pool is within its cap.
+  void TrimLocked(std::vector<Free>* release) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t cap = CapLocked();
+    size_t drop = 0;
+    while (bytes_ > cap && drop < free_.size()) {
+      release->push_back(free_[drop]);
+      bytes_ -= free_[drop].capacity;
+      ++drop;
+    }
+    free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(drop));
+  }
+
   Mutex mu_;
   std::vector<Free> free_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<const std::byte*> lent_ ABSL_GUARDED_BY(mu_);  // live, from the pool path
@@ -150,6 +192,8 @@ class BufferPool {
   uint64_t limit_ ABSL_GUARDED_BY(mu_) = kDefaultLimit;
   uint64_t reused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, Account> accounts_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_account_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 // Unpins and unmaps a mapped buffer.
@@ -172,6 +216,36 @@ bool WantPinned(bool pin) {
 }  // namespace
 
 HostBufferPoolStats GetHostBufferPoolStats() { return BufferPool::Get().Stats(); }
+
+ReleasedHostBuffers& ReleasedHostBuffers::operator=(ReleasedHostBuffers&& other) noexcept {
+  if (this != &other) {
+    Unmap();
+    buffers_ = std::move(other.buffers_);
+    other.buffers_.clear();
+  }
+  return *this;
+}
+
+void ReleasedHostBuffers::Unmap() {
+  for (const Buffer& b : buffers_) ReleaseMapped({b.data, b.capacity, b.pinned});
+  buffers_.clear();
+}
+
+HostBufferPoolAccount::HostBufferPoolAccount(uint64_t budget_bytes)
+    : id_(BufferPool::Get().AddAccount(budget_bytes)) {
+  // Buffers pooled before this budget existed may not fit the room left now.
+  for (const auto& f : BufferPool::Get().Charge(id_, 0, /*remove=*/false)) ReleaseMapped(f);
+}
+
+HostBufferPoolAccount::~HostBufferPoolAccount() {
+  for (const auto& f : BufferPool::Get().Charge(id_, 0, /*remove=*/true)) ReleaseMapped(f);
+}
+
+void HostBufferPoolAccount::SetCharged(uint64_t bytes, ReleasedHostBuffers* released) {
+  for (const auto& f : BufferPool::Get().Charge(id_, bytes, /*remove=*/false)) {
+    released->buffers_.push_back({f.data, f.capacity, f.pinned});
+  }
+}
 
 void SetHostBufferPoolLimit(uint64_t bytes) {
   for (const auto& f : BufferPool::Get().SetLimit(bytes)) ReleaseMapped(f);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -27,9 +28,11 @@ inline constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
 //
 // Large (mapped) buffers from AllocateForOverwrite go back to a process-wide pool when
 // destroyed, up to a byte limit (SetHostBufferPoolLimit; default 1 GiB or
-// LORADB_HOST_BUFFER_POOL_BYTES), and AllocateForOverwrite hands them out again: populating and unmapping ~100 MB of fresh pages
-// costs ~9x more CPU than reading an adapter from the page cache into them, and pinning
-// (cudaHostRegister) more still. Buffers from Allocate are always fresh.
+// LORADB_HOST_BUFFER_POOL_BYTES), and AllocateForOverwrite hands them out again: populating and
+// unmapping ~100 MB of fresh pages costs ~9x more CPU than reading an adapter from the page cache
+// into them, and pinning (cudaHostRegister) more still. Buffers from Allocate are always fresh.
+// While CPU caches are open, pooled bytes also count against their budgets
+// (HostBufferPoolAccount): the pool holds at most the caches' unused budget.
 class HostBuffer {
  public:
   // Allocates `size` bytes (capacity rounded up to kHostAlignment), never from the pool. With
@@ -73,10 +76,59 @@ struct HostBufferPoolStats {
   uint64_t buffers = 0;    // buffers waiting in the pool now
   uint64_t bytes = 0;      // their capacity
   uint64_t limit = 0;      // the pool's byte limit
+  uint64_t cap = 0;        // what it may hold now: the limit, or less while CPU caches are open
+                           // (their unused budget; HostBufferPoolAccount)
+  uint64_t accounts = 0;   // budgets registered (open CPU caches)
 };
 
 // The pool's counters and contents.
 HostBufferPoolStats GetHostBufferPoolStats();
+
+// Pooled buffers taken out of the pool to be unmapped; unmaps them when destroyed (so a caller
+// can drop its own locks first). Move-only.
+class ReleasedHostBuffers {
+ public:
+  ReleasedHostBuffers() = default;
+  ReleasedHostBuffers(ReleasedHostBuffers&&) = default;
+  ReleasedHostBuffers& operator=(ReleasedHostBuffers&& other) noexcept;
+  ReleasedHostBuffers(const ReleasedHostBuffers&) = delete;
+  ReleasedHostBuffers& operator=(const ReleasedHostBuffers&) = delete;
+  ~ReleasedHostBuffers() { Unmap(); }
+
+ private:
+  friend class HostBufferPoolAccount;
+  struct Buffer {
+    std::byte* data;
+    uint64_t capacity;
+    bool pinned;
+  };
+  void Unmap();
+  std::vector<Buffer> buffers_;
+};
+
+// A byte budget the pool's free buffers count against (a CPU cache's: CpuCache holds one).
+// While accounts exist, the pool keeps at most min(limit, sum over accounts of max(0, budget -
+// charged)) bytes, so with one cache, resident + pooled <= budget: a buffer released by an
+// eviction is parked only in room the cache does not use, and a load that charges more releases
+// the oldest pooled buffers first (the pool gives way; nothing resident is evicted for it).
+// Thread-safe; the pool never calls back into the owner, so SetCharged may run under its locks.
+class HostBufferPoolAccount {
+ public:
+  // Registers a budget of `budget_bytes` with nothing charged.
+  explicit HostBufferPoolAccount(uint64_t budget_bytes);
+  // Unregisters; the pool then trims to what the remaining accounts (or, with none, the
+  // limit) allow.
+  ~HostBufferPoolAccount();
+  HostBufferPoolAccount(const HostBufferPoolAccount&) = delete;
+  HostBufferPoolAccount& operator=(const HostBufferPoolAccount&) = delete;
+
+  // Sets the bytes charged against the budget (the cache's resident bytes) and moves pooled
+  // buffers beyond the new room into `released` (unmapped when it is destroyed).
+  void SetCharged(uint64_t bytes, ReleasedHostBuffers* released);
+
+ private:
+  uint64_t id_;
+};
 // Sets the byte limit of pooled (free) buffers, releasing the oldest ones beyond it; 0 turns
 // pooling off and empties the pool.
 void SetHostBufferPoolLimit(uint64_t bytes);

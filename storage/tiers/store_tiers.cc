@@ -40,6 +40,8 @@ absl::StatusOr<std::unique_ptr<StoreTiers>> StoreTiers::Open(Store* store,
     LORADB_ASSIGN_OR_RETURN(t->device_,
                             DeviceSlots::Create(options.slots, t->cpu_.get(), std::move(backend)));
   }
+  // Derived blobs of revisions deleted or compacted while no tiers with this directory were open.
+  LORADB_RETURN_IF_ERROR(t->CollectDerivedShards().status());
   return t;
 }
 
@@ -50,12 +52,15 @@ absl::StatusOr<std::shared_ptr<const CachedAdapter>> StoreTiers::LoadRevision(ui
   }
   const std::string path = store_->BlobPath(rev.blob.hash);
   auto adapter = std::make_shared<CachedAdapter>();
-  if (!tp_derived_dir_.empty() && tp_.degree > 1) {
+  if (tp_derived()) {
     // The rank's derived blob (built from the whole blob, verified, on first use); its metadata
     // names the placement, so the device slots copy it as is.
     LORADB_ASSIGN_OR_RETURN(adapter->tensors,
                             LoadDerivedShard(path, rev.blob.hash, tp_derived_dir_, tp_));
     for (const TensorView& v : adapter->tensors.tensors()) adapter->bytes += v.nbytes;
+    // A DeleteRevision that ran while this load built the derived blob found nothing to remove;
+    // remove it now (the mapped copy stays readable). What a crash leaves here, Open sweeps.
+    (void)ForgetDerivedShards(rev.blob.hash);
   } else {
     LORADB_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buf,
                             loader_->ReadFile(path, rev.blob.hash));
@@ -124,6 +129,26 @@ absl::StatusOr<TieredLocated> StoreTiers::Locate(const std::string& policy,
   out.device_bytes = p.device_bytes;
   out.tp = p.tp;
   return out;
+}
+
+absl::StatusOr<bool> StoreTiers::SourceReferenced(const Hash128& hash) const {
+  absl::StatusOr<BlobRecord> blob = store_->catalog().GetBlob(hash);
+  if (absl::IsNotFound(blob.status())) return false;
+  if (!blob.ok()) return blob.status();
+  return blob->refcount > 0;
+}
+
+absl::StatusOr<DerivedShardSweep> StoreTiers::CollectDerivedShards() const {
+  if (tp_derived_dir_.empty()) return DerivedShardSweep{};
+  return tiers::CollectDerivedShards(tp_derived_dir_,
+                                     [this](const Hash128& h) { return SourceReferenced(h); });
+}
+
+absl::StatusOr<uint64_t> StoreTiers::ForgetDerivedShards(const Hash128& source) const {
+  if (tp_derived_dir_.empty()) return 0;
+  LORADB_ASSIGN_OR_RETURN(bool referenced, SourceReferenced(source));
+  if (referenced) return 0;
+  return RemoveDerivedShards(tp_derived_dir_, source);
 }
 
 }  // namespace loradb::tiers

@@ -22,6 +22,7 @@
 #include "storage/tiers/device_slots.h"
 #include "storage/tiers/loader.h"
 #include "storage/tiers/tier_options.h"
+#include "storage/tiers/tp_shard_load.h"
 
 namespace loradb::tiers {
 
@@ -60,6 +61,11 @@ class StoreTiers {
   [[nodiscard]] absl::StatusOr<CpuLease> AcquireCpu(uint64_t id,
                                                     LoadPriority priority = LoadPriority::kDecode);
 
+  // The TP placement (DeviceSlotsOptions::tp; {0, 1} without one) and whether the CPU tier
+  // holds derived per-rank blobs (tp_derived_dir set with degree > 1).
+  TpShardSpec tp() const { return tp_; }
+  bool tp_derived() const { return !tp_derived_dir_.empty() && tp_.degree > 1; }
+
   TierPlace Where(uint64_t revision) const;
   // Evicts `revision` from the device and CPU tiers where it is resident and unleased; a leased
   // or loading copy stays. Returns whether any tier dropped it.
@@ -67,9 +73,21 @@ class StoreTiers {
   [[nodiscard]] absl::StatusOr<TieredLocated> Locate(const std::string& policy,
                                                      const std::string& alias) const;
 
+  // Derived TP blobs (StoreTiersOptions::tp_derived_dir; tp_shard_load.h) live while their source
+  // blob is referenced. Sweeps the directory against the catalog: removes the derived blobs of
+  // sources no record references (deleted revisions, compacted blobs) and the temp files of
+  // writers that died mid-write. Open runs it once; an empty sweep without tp_derived_dir.
+  [[nodiscard]] absl::StatusOr<DerivedShardSweep> CollectDerivedShards() const;
+  // Removes the derived blobs of `source` (every degree and rank) when no record references it
+  // any more (refcount 0 or no blob record); returns how many files went (0 when still
+  // referenced or without tp_derived_dir). Store::DeleteRevision calls it.
+  [[nodiscard]] absl::StatusOr<uint64_t> ForgetDerivedShards(const Hash128& source) const;
+
  private:
   StoreTiers() = default;
   absl::StatusOr<std::shared_ptr<const CachedAdapter>> LoadRevision(uint64_t id);
+  // Whether a record references the blob `hash` (refcount > 0).
+  absl::StatusOr<bool> SourceReferenced(const Hash128& hash) const;
 
   Store* store_ = nullptr;
   TpShardSpec tp_;              // the device slots' placement

@@ -5,11 +5,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
+#include <system_error>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "storage/formats/blob.h"
 #include "storage/tiers/host_buffer.h"
@@ -215,28 +220,163 @@ absl::StatusOr<TensorSet> LoadDerivedShard(const std::string& blob_path, const H
   };
   struct stat st;
   if (stat(path.c_str(), &st) == 0) {
-    LORADB_ASSIGN_OR_RETURN(TensorSet shard, ReadBlobFile(path, /*verify=*/true));
-    for (const auto& [key, value] : want) {
-      auto it = shard.metadata().find(key);
-      if (it == shard.metadata().end() || it->second != value) {
-        return absl::DataLossError(absl::StrCat(
-            "derived shard ", path, " has ", key, " = ",
-            it == shard.metadata().end() ? "(none)" : it->second, ", expected ", value));
-      }
+    // Never served unverified; a bad file is reported, not silently replaced (it may point at a
+    // failing disk). Deleting it (or the directory) is always safe: it is rebuilt on demand.
+    absl::StatusOr<TensorSet> shard = ReadBlobFile(path, /*verify=*/true);
+    if (!shard.ok() && !absl::IsNotFound(shard.status())) {
+      return absl::Status(shard.status().code(),
+                          absl::StrCat("derived shard: ", shard.status().message(),
+                                       " (delete the file to rebuild it from the source blob)"));
     }
-    stats->reads = 1;
-    stats->bytes_read = static_cast<uint64_t>(st.st_size);
-    stats->verified = true;
-    stats->from_derived = true;
-    return shard;
+    if (shard.ok()) {
+      for (const auto& [key, value] : want) {
+        auto it = shard->metadata().find(key);
+        if (it == shard->metadata().end() || it->second != value) {
+          return absl::DataLossError(
+              absl::StrCat("derived shard ", path, " has ", key, " = ",
+                           it == shard->metadata().end() ? "(none)" : it->second, ", expected ",
+                           value, " (delete the file to rebuild it from the source blob)"));
+        }
+      }
+      stats->reads = 1;
+      stats->bytes_read = static_cast<uint64_t>(st.st_size);
+      stats->verified = true;
+      stats->from_derived = true;
+      return *std::move(shard);
+    }
+    // NotFound: a sweep removed it after the stat; rebuild below.
+  } else if (errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   }
-  if (errno != ENOENT) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   LORADB_ASSIGN_OR_RETURN(
       TensorSet shard, ReadAdapterShardFile(blob_path, spec, ShardReadMode::kWholeVerified, stats));
   for (const auto& [key, value] : want) shard.metadata()[key] = value;
   LORADB_RETURN_IF_ERROR(CreateDirectories(absl::StrCat(cache_dir, "/tp", spec.degree)));
   LORADB_RETURN_IF_ERROR(WriteBlobFile(path, shard.tensors(), shard.metadata()).status());
   return shard;
+}
+
+namespace {
+
+// "<32 hex>.r<rank>.blob" -> the source hash; nullopt for any other name.
+std::optional<Hash128> DerivedSource(const std::string& name) {
+  constexpr size_t kHex = 32;
+  if (name.size() < kHex + 8 || name.compare(kHex, 2, ".r") != 0 || !name.ends_with(".blob")) {
+    return std::nullopt;
+  }
+  const std::string rank = name.substr(kHex + 2, name.size() - kHex - 2 - 5);
+  if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  absl::StatusOr<Hash128> h = ParseHash128(name.substr(0, kHex));
+  if (!h.ok()) return std::nullopt;
+  return *h;
+}
+
+// The writer's pid of a WriteFileAtomic temp file "<target>.tmp.<pid>.<n>"; 0 for other names.
+pid_t TempWriter(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos) return 0;
+  const size_t dot = name.find('.', at + 5);
+  if (dot == std::string::npos) return 0;
+  int64_t pid = 0;
+  if (!absl::SimpleAtoi(name.substr(at + 5, dot - at - 5), &pid) || pid <= 0) return 0;
+  return static_cast<pid_t>(pid);
+}
+
+bool ProcessAlive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+
+// The tp<degree> subdirectories of `cache_dir` (none when it does not exist).
+absl::StatusOr<std::vector<std::filesystem::path>> DegreeDirs(const std::string& cache_dir) {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(cache_dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return out;
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("read directory ", cache_dir));
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 2 && name.starts_with("tp") &&
+        name.find_first_not_of("0123456789", 2) == std::string::npos && it->is_directory(ec)) {
+      out.push_back(it->path());
+    }
+  }
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("read directory ", cache_dir));
+  return out;
+}
+
+// The regular files of `dir` (name, size).
+absl::StatusOr<std::vector<std::pair<std::string, uint64_t>>> Files(
+    const std::filesystem::path& dir) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return out;
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    std::error_code fec;
+    if (!it->is_regular_file(fec)) continue;
+    const uintmax_t size = it->file_size(fec);
+    out.emplace_back(it->path().filename().string(), fec ? 0 : static_cast<uint64_t>(size));
+  }
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("read directory ", dir.string()));
+  return out;
+}
+
+absl::Status Unlink(const std::filesystem::path& path) {
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove ", path.string()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> RemoveDerivedShards(const std::string& cache_dir, const Hash128& source) {
+  uint64_t removed = 0;
+  LORADB_ASSIGN_OR_RETURN(std::vector<std::filesystem::path> dirs, DegreeDirs(cache_dir));
+  for (const std::filesystem::path& dir : dirs) {
+    LORADB_ASSIGN_OR_RETURN(auto files, Files(dir));
+    for (const auto& [name, size] : files) {
+      std::optional<Hash128> src = DerivedSource(name);
+      if (!src.has_value() || !(*src == source)) continue;
+      LORADB_RETURN_IF_ERROR(Unlink(dir / name));
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+absl::StatusOr<DerivedShardSweep> CollectDerivedShards(const std::string& cache_dir,
+                                                       const SourceReferencedFn& referenced) {
+  DerivedShardSweep out;
+  LORADB_ASSIGN_OR_RETURN(std::vector<std::filesystem::path> dirs, DegreeDirs(cache_dir));
+  for (const std::filesystem::path& dir : dirs) {
+    LORADB_ASSIGN_OR_RETURN(auto files, Files(dir));
+    for (const auto& [name, size] : files) {
+      if (const pid_t writer = TempWriter(name); writer != 0) {
+        if (ProcessAlive(writer)) {
+          ++out.temps_kept;
+        } else {
+          LORADB_RETURN_IF_ERROR(Unlink(dir / name));
+          ++out.temps_removed;
+        }
+        continue;
+      }
+      std::optional<Hash128> src = DerivedSource(name);
+      if (!src.has_value()) {
+        ++out.ignored;
+        continue;
+      }
+      LORADB_ASSIGN_OR_RETURN(bool live, referenced(*src));
+      if (live) {
+        ++out.kept;
+        continue;
+      }
+      LORADB_RETURN_IF_ERROR(Unlink(dir / name));
+      ++out.removed;
+      out.removed_bytes += size;
+    }
+  }
+  return out;
 }
 
 }  // namespace loradb::tiers

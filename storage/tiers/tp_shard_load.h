@@ -8,7 +8,12 @@
 //   replicated tensors are verified then.
 // - derived blob: a pre-sliced blob per (source blob, TP degree, rank), written once under a
 //   cache directory by LoadDerivedShard and read (verified) afterwards; its name carries the
-//   source blob's content hash, so it never goes stale (blobs are immutable).
+//   source blob's content hash, so it never goes stale (blobs are immutable). Lifecycle: a
+//   derived blob lives while its source blob is referenced; RemoveDerivedShards drops those of
+//   one source (Store::DeleteRevision, when the blob's refcount reaches 0) and
+//   CollectDerivedShards sweeps a whole directory against the catalog (StoreTiers::Open), also
+//   removing the temp files of writers that died mid-write. A derived blob is a cache: removing
+//   one that is still needed only costs a rebuild.
 // The device tier uses the derived blob when StoreTiersOptions::tp_derived_dir is set;
 // compute/distributed/tp_load.h adds the model-config checks; docs/distributed.md section 2
 // compares the ways with `loradb-bench dist tp-load`.
@@ -16,6 +21,7 @@
 #define LORADB_STORAGE_TIERS_TP_SHARD_LOAD_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -53,14 +59,44 @@ std::string DerivedShardPath(const std::string& cache_dir, const Hash128& source
 
 // The derived-blob path: reads the pre-sliced blob of (`source`, `spec`) from `cache_dir` when
 // present (verified), else reads `blob_path` whole (verified), slices it, writes the derived blob
-// crash-safely and returns the slice. The returned set's metadata holds kTpDegreeKey, kTpRankKey
-// and kTpSourceKey (so a consumer can tell a shard from a whole adapter). A derived blob whose
-// metadata names another source/degree/rank is an error (DataLoss), never served.
+// crash-safely (temp name + fsync + rename: a crash leaves at most a temp file, never a partial
+// derived blob) and returns the slice. The returned set's metadata holds kTpDegreeKey, kTpRankKey
+// and kTpSourceKey (so a consumer can tell a shard from a whole adapter). A derived blob that
+// fails verification (header checksum, any tensor's xxh3-64, file size: DataLoss or
+// InvalidArgument) or whose metadata names another source/degree/rank (DataLoss) is an error,
+// never served; the message says deleting the file rebuilds it.
 [[nodiscard]] absl::StatusOr<TensorSet> LoadDerivedShard(const std::string& blob_path,
                                                          const Hash128& source,
                                                          const std::string& cache_dir,
                                                          const TpShardSpec& spec,
                                                          ShardReadStats* stats = nullptr);
+
+// Removes every derived blob of `source` (all degrees and ranks) under `cache_dir`; returns how
+// many files went. A missing directory is nothing to remove (0). Errors: a failed unlink or
+// directory read (the files before it are gone).
+[[nodiscard]] absl::StatusOr<uint64_t> RemoveDerivedShards(const std::string& cache_dir,
+                                                           const Hash128& source);
+
+// Whether the source blob `hash` is still referenced (Store: a blob record with refcount > 0).
+using SourceReferencedFn = std::function<absl::StatusOr<bool>(const Hash128& hash)>;
+
+// What CollectDerivedShards did.
+struct DerivedShardSweep {
+  uint64_t kept = 0;           // derived blobs whose source is referenced
+  uint64_t removed = 0;        // derived blobs of unreferenced sources
+  uint64_t removed_bytes = 0;  // their sizes
+  uint64_t temps_removed = 0;  // temp files of writers no longer running (a crash mid-write)
+  uint64_t temps_kept = 0;     // temp files of running writers
+  uint64_t ignored = 0;        // other files under cache_dir/tp*/ (left alone)
+};
+
+// Sweeps `cache_dir` (its tp<degree>/ subdirectories): removes each derived blob whose source
+// `referenced` answers false for, and each temp file ("<name>.tmp.<pid>.<n>", WriteFileAtomic's)
+// whose writer process is gone; keeps everything else. A missing directory is an empty sweep.
+// Errors: `referenced`'s (the sweep stops there), a failed unlink or directory read. Writers in
+// other PID namespaces sharing the directory look dead: sweep only where the writers run.
+[[nodiscard]] absl::StatusOr<DerivedShardSweep> CollectDerivedShards(
+    const std::string& cache_dir, const SourceReferencedFn& referenced);
 
 }  // namespace loradb::tiers
 
