@@ -10,12 +10,13 @@
 //               rows share forward/backward, in `--sliced-micro-batches` micro-batches). Each
 //               arm runs in its own child process; the time-sliced one runs `--workers` workers of
 //               `--threads` LibTorch intra-op threads, the sequential one gets the same cores as
-//               `--threads` x `--workers` intra-op threads.
+//               `--threads` x `--workers` intra-op threads. The two arms alternate `--repeats`
+//               times (3) and the goal compares their medians.
 //               Goals: wall-time ratio >= 1.5 and peak RSS within 10%.
 // Flags: --layers N (handoff base depth, default 28 = Qwen3-0.6B); concurrent: --steps N (20),
 // --threads N (1), --workers N (2), --cohort N (1), --sliced-micro-batches N (1), --prompts N
 // and --group N (GRPO prompts x samples per policy-step, 8 x 8), --reference-threads N (also
-// run the sequential arm with N intra-op threads; off by default).
+// run the sequential arm with N intra-op threads; off by default), --repeats N (3).
 #ifdef LORADB_COMPUTE_AVAILABLE
 
 #include <ATen/ATen.h>
@@ -23,12 +24,14 @@
 #include <ATen/core/grad_mode.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -64,6 +67,8 @@ struct Flags {
   int64_t cohort = 1;   // time-sliced: policies per shared step
   // > 0: also run the sequential arm with this many intra-op threads (a reference line).
   int64_t reference_threads = 0;
+  // concurrent: (sequential, time-sliced) pairs run one after another; medians are compared.
+  int64_t repeats = 3;
   // Internal: `concurrent` runs each mode in a child process of this binary with these set.
   std::string child_mode;  // sequential | time_sliced
   std::string child_base;  // the base checkpoint the parent wrote
@@ -93,6 +98,9 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       LORADB_RETURN_IF_ERROR(value(&f.workers));
     } else if (args[i] == "--cohort") {
       LORADB_RETURN_IF_ERROR(value(&f.cohort));
+    } else if (args[i] == "--repeats") {
+      LORADB_RETURN_IF_ERROR(value(&f.repeats));
+      if (f.repeats < 1) return absl::InvalidArgumentError("--repeats must be >= 1");
     } else if (args[i] == "--reference-threads") {
       LORADB_RETURN_IF_ERROR(value(&f.reference_threads));
     } else if (args[i] == "--sliced-micro-batches") {
@@ -391,27 +399,53 @@ absl::Status RunConcurrent(const Flags& f) {
     return absl::InternalError(cmd + " printed no measurement");
   };
   const double load0 = LoadAverage1m();
-  double seq_s = 0, sliced_s = 0;
-  int64_t seq_rss = 0, sliced_rss = 0;
   // The sequential arm gets the cores the time-sliced arm's workers use, as intra-op threads:
-  // the speedup must come from scheduling, not from more cores.
+  // the speedup must come from scheduling, not from more cores. The arms alternate `repeats`
+  // times and their medians are compared, so a drift in what the machine gives (the two-thread
+  // arm is the more sensitive to a busy neighbour) does not land on one arm only.
   const int64_t seq_threads = f.threads * f.workers;
-  LORADB_RETURN_IF_ERROR(run_child("sequential", seq_threads, &seq_s, &seq_rss));
-  LORADB_RETURN_IF_ERROR(run_child("time_sliced", f.threads, &sliced_s, &sliced_rss));
-  const double ratio = seq_s / sliced_s;
-  const double rss_ratio = static_cast<double>(sliced_rss) / static_cast<double>(seq_rss);
-  nlohmann::json summary = {{"bench", "train"},          {"case", "concurrent_summary"},
-                            {"threads", f.threads},      {"workers", f.workers},
-                            {"sequential_threads", seq_threads},
-                            {"speedup", ratio},          {"peak_rss_ratio", rss_ratio},
-                            {"loadavg_1m_start", load0}, {"loadavg_1m_end", LoadAverage1m()}};
+  std::vector<double> seq_runs, sliced_runs;
+  std::vector<int64_t> seq_rss_runs, sliced_rss_runs;
+  for (int64_t r = 0; r < f.repeats; ++r) {
+    double seq_s = 0, sliced_s = 0;
+    int64_t seq_rss = 0, sliced_rss = 0;
+    LORADB_RETURN_IF_ERROR(run_child("sequential", seq_threads, &seq_s, &seq_rss));
+    LORADB_RETURN_IF_ERROR(run_child("time_sliced", f.threads, &sliced_s, &sliced_rss));
+    seq_runs.push_back(seq_s);
+    sliced_runs.push_back(sliced_s);
+    seq_rss_runs.push_back(seq_rss);
+    sliced_rss_runs.push_back(sliced_rss);
+  }
+  auto median = [](auto v) {
+    std::sort(v.begin(), v.end());
+    return static_cast<double>(v[v.size() / 2]);
+  };
+  std::vector<double> pair_ratios;
+  for (size_t r = 0; r < seq_runs.size(); ++r) pair_ratios.push_back(seq_runs[r] / sliced_runs[r]);
+  const double ratio = median(seq_runs) / median(sliced_runs);
+  const double rss_ratio = median(sliced_rss_runs) / median(seq_rss_runs);
+  nlohmann::json summary = {
+      {"bench", "train"},
+      {"case", "concurrent_summary"},
+      {"threads", f.threads},
+      {"workers", f.workers},
+      {"sequential_threads", seq_threads},
+      {"repeats", f.repeats},
+      {"sequential_median_s", median(seq_runs)},
+      {"time_sliced_median_s", median(sliced_runs)},
+      {"speedup", ratio},
+      {"speedup_min_pair", *std::min_element(pair_ratios.begin(), pair_ratios.end())},
+      {"speedup_max_pair", *std::max_element(pair_ratios.begin(), pair_ratios.end())},
+      {"peak_rss_ratio", rss_ratio},
+      {"loadavg_1m_start", load0},
+      {"loadavg_1m_end", LoadAverage1m()}};
   if (f.reference_threads > 0) {
     // The sequential arm again, with another intra-op thread count.
     double ref_s = 0;
     int64_t ref_rss = 0;
     LORADB_RETURN_IF_ERROR(run_child("sequential", f.reference_threads, &ref_s, &ref_rss));
     summary["sequential_reference_threads"] = f.reference_threads;
-    summary["speedup_vs_sequential_reference"] = ref_s / sliced_s;
+    summary["speedup_vs_sequential_reference"] = ref_s / median(sliced_runs);
   }
   Emit(summary);
   EmitGoal("train", "concurrent_speedup", ratio, ">= 1.5", ratio >= 1.5);
@@ -431,12 +465,13 @@ absl::Status RunTrainBench(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
-LORADB_REGISTER_SCENARIO({"train",
-                          "trainer: handoff (revision vs merged checkpoint), concurrent (K=3 "
-                          "GRPO policies sequential vs time-sliced) [--layers N] [--steps N] "
-                          "[--threads N] [--workers N] [--cohort N] [--reference-threads N]",
-                          RunTrainBench,
-                          {"--layers", "28", "--steps", "10"}});
+LORADB_REGISTER_SCENARIO(
+    {"train",
+     "trainer: handoff (revision vs merged checkpoint), concurrent (K=3 "
+     "GRPO policies sequential vs time-sliced) [--layers N] [--steps N] "
+     "[--threads N] [--workers N] [--cohort N] [--reference-threads N] [--repeats N]",
+     RunTrainBench,
+     {"--layers", "28", "--steps", "10"}});
 
 }  // namespace
 }  // namespace loradb::bench
