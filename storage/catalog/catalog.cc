@@ -425,8 +425,8 @@ absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
 }
 
 // Registry of open environments in this process, keyed by the canonical directory.
-absl::Mutex& RegistryMutex() {
-  static auto* mu = new absl::Mutex();
+Mutex& RegistryMutex() {
+  static auto* mu = new Mutex();
   return *mu;
 }
 std::map<std::string, std::weak_ptr<Catalog>>& Registry() {
@@ -450,7 +450,7 @@ Catalog::Catalog(std::string dir, const CatalogOptions& options)
 
 Catalog::~Catalog() {
   {
-    absl::MutexLock lock(&pool_mu_);
+    MutexLock lock(&pool_mu_);
     for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
     read_pool_.clear();
   }
@@ -471,7 +471,7 @@ absl::StatusOr<std::shared_ptr<Catalog>> Catalog::Open(const std::string& dir,
   std::string canonical(real);
   std::free(real);
 
-  absl::MutexLock lock(&RegistryMutex());
+  MutexLock lock(&RegistryMutex());
   auto it = Registry().find(canonical);
   if (it != Registry().end()) {
     if (auto existing = it->second.lock()) {
@@ -615,7 +615,7 @@ absl::Status Catalog::Init() {
 
 MDB_txn* Catalog::AcquireReadTxn() const {
   {
-    absl::MutexLock lock(&pool_mu_);
+    MutexLock lock(&pool_mu_);
     while (!read_pool_.empty()) {
       MDB_txn* t = read_pool_.back();
       read_pool_.pop_back();
@@ -628,7 +628,7 @@ MDB_txn* Catalog::AcquireReadTxn() const {
 
 void Catalog::ReleaseReadTxn(MDB_txn* txn) const {
   mdb_txn_reset(txn);
-  absl::MutexLock lock(&pool_mu_);
+  MutexLock lock(&pool_mu_);
   if (read_pool_.size() < 64) {
     read_pool_.push_back(txn);
   } else {
@@ -637,9 +637,9 @@ void Catalog::ReleaseReadTxn(MDB_txn* txn) const {
 }
 
 absl::Status Catalog::GrowMap(uint64_t at_least) {
-  absl::WriterMutexLock lock(&resize_mu_);
+  WriterMutexLock lock(&resize_mu_);
   {
-    absl::MutexLock pool_lock(&pool_mu_);
+    MutexLock pool_lock(&pool_mu_);
     for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
     read_pool_.clear();
   }
@@ -659,7 +659,7 @@ absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) cons
   for (int attempt = 0; attempt < 4; ++attempt) {
     bool resized = false;
     {
-      absl::ReaderMutexLock lock(&resize_mu_);
+      ReaderMutexLock lock(&resize_mu_);
       MDB_txn* txn = AcquireReadTxn();
       if (txn == nullptr) {
         int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
@@ -689,7 +689,7 @@ absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
     uint64_t grow_to = 0;
     bool adopt = false;
     {
-      absl::ReaderMutexLock lock(&resize_mu_);
+      ReaderMutexLock lock(&resize_mu_);
       MDB_txn* txn = nullptr;
       int rc = mdb_txn_begin(env_, nullptr, 0, &txn);
       if (rc == MDB_MAP_RESIZED) {
@@ -1295,7 +1295,7 @@ absl::StatusOr<uint64_t> Catalog::CopySnapshot(const std::string& dest_dir) cons
   // Read before the copy's own read transaction begins: a lower bound of what it holds.
   LORADB_ASSIGN_OR_RETURN(const uint64_t txnid, LastTxnId());
   {
-    absl::ReaderMutexLock lock(&resize_mu_);
+    ReaderMutexLock lock(&resize_mu_);
     const int rc = mdb_env_copy2(env_, dest_dir.c_str(), MDB_CP_COMPACT);
     if (rc != 0) return LmdbError(rc, absl::StrCat("copy to ", dest_dir));
   }

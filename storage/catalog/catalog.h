@@ -16,8 +16,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "storage/catalog/records.h"
+#include "storage/util/mutex.h"
 
 struct MDB_env;
 struct MDB_txn;
@@ -233,8 +233,9 @@ class Catalog {
   int pid_ = 0;
   // Readers and writers hold it shared for a transaction's life; growing the map holds it
   // exclusively so no transaction of this process is open.
-  mutable absl::Mutex resize_mu_;
-  mutable absl::Mutex pool_mu_;
+  // loradb::Mutex, not absl::Mutex: visible to ThreadSanitizer (storage/util/mutex.h).
+  mutable SharedMutex resize_mu_;
+  mutable Mutex pool_mu_;
   mutable std::vector<MDB_txn*> read_pool_ ABSL_GUARDED_BY(pool_mu_);
 };
 
