@@ -90,6 +90,33 @@ struct CatalogIntegrity {
   uint64_t checkpoints = 0;
 };
 
+// Pages of one named database (mdb_stat).
+struct CatalogDbSpace {
+  std::string name;
+  uint64_t entries = 0;
+  uint64_t depth = 0;
+  uint64_t branch_pages = 0;
+  uint64_t leaf_pages = 0;
+  uint64_t overflow_pages = 0;
+  uint64_t key_value_bytes = 0;  // sum of key + value sizes (0 when not counted)
+  uint64_t pages() const { return branch_pages + leaf_pages + overflow_pages; }
+};
+
+// How the used part of the map (DataBytes = used_pages x page_size) divides: the two meta pages,
+// the main database (the table of named databases), each named database, the free list's own
+// pages and the free pages it lists (reusable), and pages none of these account for (pages
+// freed by the last transactions that are not yet in the free list).
+struct CatalogSpace {
+  uint64_t page_size = 0;
+  uint64_t used_pages = 0;
+  uint64_t meta_pages = 2;
+  CatalogDbSpace main;
+  std::vector<CatalogDbSpace> dbs;
+  uint64_t freelist_pages = 0;
+  uint64_t free_pages = 0;
+  uint64_t unaccounted_pages = 0;
+};
+
 class Catalog {
  public:
   // Opens (or creates) the environment in `dir` (created if missing). A second Open of the same
@@ -203,6 +230,8 @@ class Catalog {
 
   // Bytes of the LMDB data file (the used part of the map).
   [[nodiscard]] absl::StatusOr<uint64_t> DataBytes() const;
+  // Where DataBytes goes: page counts per named database, the free list, and the rest.
+  [[nodiscard]] absl::StatusOr<CatalogSpace> Space() const;
 
   // The id of the last committed write transaction of the environment (any process).
   [[nodiscard]] absl::StatusOr<uint64_t> LastTxnId() const;
