@@ -176,13 +176,38 @@ absl::StatusOr<uint64_t> LastU64Key(MDB_txn* txn, MDB_dbi dbi) {
 
 // ---- typed accessors used inside transactions
 
+// The highest seq in the policy's revision index (live or deleted), or 0 when it has none.
+absl::StatusOr<uint64_t> TxnLastSeq(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id) {
+  Cursor c(txn, d.policy_revisions);
+  LORADB_RETURN_IF_ERROR(c.status());
+  U64Key pk(policy_id);
+  MDB_val k = pk.val(), v;
+  int rc = c.Get(&k, &v, MDB_SET_KEY);
+  if (rc == MDB_NOTFOUND) return 0;
+  if (rc == 0) rc = c.Get(&k, &v, MDB_LAST_DUP);
+  if (rc != 0) return LmdbError(rc, "policy revision index");
+  if (v.mv_size != 16) return absl::DataLossError("catalog: bad policy revision entry");
+  return GetBE64(v.mv_data);
+}
+
+// Schema v3: the record's next_seq is a lower bound (written at creation and by rebuilds; a
+// publish does not rewrite the policy record); the seq the next publish gets is the larger of it
+// and one past the highest seq in the policy's revision index.
+absl::Status ResolveNextSeq(MDB_txn* txn, const Catalog::Dbis& d, PolicyRecord* p) {
+  LORADB_ASSIGN_OR_RETURN(const uint64_t last, TxnLastSeq(txn, d, p->id));
+  p->next_seq = std::max(p->next_seq, last + 1);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PolicyRecord> TxnGetPolicyById(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id) {
   U64Key k(id);
   MDB_val v;
   absl::Status st = Get(txn, d.policy_by_id, k.val(), &v, "policy");
   if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no policy with id ", id));
   LORADB_RETURN_IF_ERROR(st);
-  return codec::DecodePolicy(ValBytes(v));
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v)));
+  LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, d, &p));
+  return p;
 }
 
 absl::StatusOr<PolicyRecord> TxnGetPolicy(MDB_txn* txn, const Catalog::Dbis& d,
@@ -404,8 +429,7 @@ absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
   r.created_us = now;
   r.state = RevisionState::kLive;
   r.evals = nr.evals;
-  ++policy.next_seq;
-  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, policy));
+  // The policy record is not rewritten: the index entry below advances its next seq (v3).
   LORADB_RETURN_IF_ERROR(TxnPutRevision(txn, d, r, MDB_APPEND));
   U64Key pk(policy.id);
   U128Key entry(r.seq, r.id);
@@ -821,6 +845,7 @@ absl::StatusOr<std::vector<PolicyRecord>> Catalog::ListPolicies() const {
     MDB_val k, v;
     for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
       LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v)));
+      LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, *dbi_, &p));
       out.push_back(std::move(p));
     }
     return absl::OkStatus();
@@ -1417,6 +1442,7 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
         if (!bases.count(p->base)) {
           problem(absl::StrCat("policy '", p->name, "' names missing base '", p->base, "'"));
         }
+        LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, *dbi_, &*p));
         policies[p->id] = std::move(*p);
       }
     }
