@@ -431,16 +431,19 @@ absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
   r.evals = nr.evals;
   // The policy record is not rewritten: the index entry below advances its next seq (v3).
   LORADB_RETURN_IF_ERROR(TxnPutRevision(txn, d, r, MDB_APPEND));
+  // Both index entries sort after every existing duplicate of their key (the seq is past the
+  // policy's highest, the id past every id): MDB_APPENDDUP fills the duplicate pages instead of
+  // splitting them in half (LMDB fails with MDB_KEYEXIST if that ever stops holding).
   U64Key pk(policy.id);
   U128Key entry(r.seq, r.id);
-  LORADB_RETURN_IF_ERROR(
-      Put(txn, d.policy_revisions, pk.val(), entry.val(), 0, "put policy revision index"));
+  LORADB_RETURN_IF_ERROR(Put(txn, d.policy_revisions, pk.val(), entry.val(), MDB_APPENDDUP,
+                             "put policy revision index"));
   LORADB_RETURN_IF_ERROR(TxnRefBlob(txn, d, r.blob, relpath, BlobKind::kAdapter));
   if (!r.blob.empty()) {
     U128Key bk(r.blob.hash.high, r.blob.hash.low);
     U64Key rk(r.id);
-    LORADB_RETURN_IF_ERROR(
-        Put(txn, d.revisions_by_blob, bk.val(), rk.val(), 0, "put revisions-by-blob index"));
+    LORADB_RETURN_IF_ERROR(Put(txn, d.revisions_by_blob, bk.val(), rk.val(), MDB_APPENDDUP,
+                               "put revisions-by-blob index"));
   }
   if (!nr.alias.empty()) {
     LORADB_RETURN_IF_ERROR(TxnSetAlias(txn, d, policy, nr.alias, r.id, nr.alias_reason, now));
