@@ -104,8 +104,9 @@ struct CatalogDbSpace {
 
 // How the used part of the map (DataBytes = used_pages x page_size) divides: the two meta pages,
 // the main database (the table of named databases), each named database, the free list's own
-// pages and the free pages it lists (reusable), and pages none of these account for (pages
-// freed by the last transactions that are not yet in the free list).
+// pages and the free pages it lists (reusable), and pages none of these account for: the
+// nested trees of MDB_DUPSORT databases whose duplicates outgrew their node (mdb_stat counts
+// those in the nested tree's own record, not in the database's).
 struct CatalogSpace {
   uint64_t page_size = 0;
   uint64_t used_pages = 0;
