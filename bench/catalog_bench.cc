@@ -155,6 +155,33 @@ absl::Status RunOne(const CatalogBenchArgs& args, uint64_t n, const std::string&
           {"file_bytes", file_bytes},
           {"bytes_per_revision", per_rev}});
     EmitGoal("catalog", absl::StrCat("bytes_per_revision_", n), per_rev, "<= 512", per_rev <= 512);
+    // Where the bytes go: one line per named database with pages, plus the free list.
+    LORADB_ASSIGN_OR_RETURN(CatalogSpace space, cat->Space());
+    for (const CatalogDbSpace& db : space.dbs) {
+      if (db.pages() == 0) continue;
+      Emit({{"bench", "catalog"},
+            {"case", "space_db"},
+            {"revisions", n},
+            {"db", db.name},
+            {"entries", db.entries},
+            {"depth", db.depth},
+            {"branch_pages", db.branch_pages},
+            {"leaf_pages", db.leaf_pages},
+            {"overflow_pages", db.overflow_pages},
+            {"key_value_bytes", db.key_value_bytes},
+            {"fill", static_cast<double>(db.key_value_bytes) /
+                         static_cast<double>(db.pages() * space.page_size)}});
+    }
+    Emit({{"bench", "catalog"},
+          {"case", "space"},
+          {"revisions", n},
+          {"page_size", space.page_size},
+          {"used_pages", space.used_pages},
+          {"meta_pages", space.meta_pages},
+          {"main_pages", space.main.pages()},
+          {"freelist_pages", space.freelist_pages},
+          {"free_pages", space.free_pages},
+          {"unaccounted_pages", space.unaccounted_pages}});
   }
 
   // Open time: the environment was closed above (the last handle died).

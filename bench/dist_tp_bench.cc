@@ -15,6 +15,8 @@
 //   slice, vs the CPU tier holding the rank's derived blob; cold (fresh tiers,
 //   page cache dropped) and CPU-warm (slot evicted, CPU copy resident)
 //   AcquireBatch ms, slot and CPU bytes, against TP 1.
+#ifdef LORADB_COMPUTE_AVAILABLE
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -531,3 +533,5 @@ LORADB_REGISTER_DIST_CASE({"tp-tiers",
 
 }  // namespace
 }  // namespace loradb::bench
+
+#endif  // LORADB_COMPUTE_AVAILABLE

@@ -24,7 +24,7 @@ std::string PromLabel(const std::string& value) {
 
 void HttpMetrics::Observe(const std::string& route, const std::string& method, int status,
                           double seconds) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ++requests_[{route, method, status}];
   Histogram& h = latency_[route];
   for (size_t i = 0; i < kBuckets.size(); ++i) {
@@ -35,7 +35,7 @@ void HttpMetrics::Observe(const std::string& route, const std::string& method, i
 }
 
 void HttpMetrics::Render(std::string* out) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::StrAppend(out, "# HELP loradb_http_requests_total HTTP requests served.\n",
                   "# TYPE loradb_http_requests_total counter\n");
   for (const auto& [key, n] : requests_) {

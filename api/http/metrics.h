@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "storage/util/mutex.h"
 
 namespace loradb::http {
 
@@ -38,7 +38,8 @@ class HttpMetrics {
     uint64_t count = 0;
     double sum = 0;
   };
-  mutable absl::Mutex mu_;
+  // loradb::Mutex, not absl::Mutex: visible to ThreadSanitizer (storage/util/mutex.h).
+  mutable Mutex mu_;
   std::map<std::tuple<std::string, std::string, int>, uint64_t> requests_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Histogram> latency_ ABSL_GUARDED_BY(mu_);
 };

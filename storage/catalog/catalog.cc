@@ -176,13 +176,38 @@ absl::StatusOr<uint64_t> LastU64Key(MDB_txn* txn, MDB_dbi dbi) {
 
 // ---- typed accessors used inside transactions
 
+// The highest seq in the policy's revision index (live or deleted), or 0 when it has none.
+absl::StatusOr<uint64_t> TxnLastSeq(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id) {
+  Cursor c(txn, d.policy_revisions);
+  LORADB_RETURN_IF_ERROR(c.status());
+  U64Key pk(policy_id);
+  MDB_val k = pk.val(), v;
+  int rc = c.Get(&k, &v, MDB_SET_KEY);
+  if (rc == MDB_NOTFOUND) return 0;
+  if (rc == 0) rc = c.Get(&k, &v, MDB_LAST_DUP);
+  if (rc != 0) return LmdbError(rc, "policy revision index");
+  if (v.mv_size != 16) return absl::DataLossError("catalog: bad policy revision entry");
+  return GetBE64(v.mv_data);
+}
+
+// Schema v3: the record's next_seq is a lower bound (written at creation and by rebuilds; a
+// publish does not rewrite the policy record); the seq the next publish gets is the larger of it
+// and one past the highest seq in the policy's revision index.
+absl::Status ResolveNextSeq(MDB_txn* txn, const Catalog::Dbis& d, PolicyRecord* p) {
+  LORADB_ASSIGN_OR_RETURN(const uint64_t last, TxnLastSeq(txn, d, p->id));
+  p->next_seq = std::max(p->next_seq, last + 1);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PolicyRecord> TxnGetPolicyById(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id) {
   U64Key k(id);
   MDB_val v;
   absl::Status st = Get(txn, d.policy_by_id, k.val(), &v, "policy");
   if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no policy with id ", id));
   LORADB_RETURN_IF_ERROR(st);
-  return codec::DecodePolicy(ValBytes(v));
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v)));
+  LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, d, &p));
+  return p;
 }
 
 absl::StatusOr<PolicyRecord> TxnGetPolicy(MDB_txn* txn, const Catalog::Dbis& d,
@@ -404,19 +429,21 @@ absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
   r.created_us = now;
   r.state = RevisionState::kLive;
   r.evals = nr.evals;
-  ++policy.next_seq;
-  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, policy));
+  // The policy record is not rewritten: the index entry below advances its next seq (v3).
   LORADB_RETURN_IF_ERROR(TxnPutRevision(txn, d, r, MDB_APPEND));
+  // Both index entries sort after every existing duplicate of their key (the seq is past the
+  // policy's highest, the id past every id): MDB_APPENDDUP fills the duplicate pages instead of
+  // splitting them in half (LMDB fails with MDB_KEYEXIST if that ever stops holding).
   U64Key pk(policy.id);
   U128Key entry(r.seq, r.id);
-  LORADB_RETURN_IF_ERROR(
-      Put(txn, d.policy_revisions, pk.val(), entry.val(), 0, "put policy revision index"));
+  LORADB_RETURN_IF_ERROR(Put(txn, d.policy_revisions, pk.val(), entry.val(), MDB_APPENDDUP,
+                             "put policy revision index"));
   LORADB_RETURN_IF_ERROR(TxnRefBlob(txn, d, r.blob, relpath, BlobKind::kAdapter));
   if (!r.blob.empty()) {
     U128Key bk(r.blob.hash.high, r.blob.hash.low);
     U64Key rk(r.id);
-    LORADB_RETURN_IF_ERROR(
-        Put(txn, d.revisions_by_blob, bk.val(), rk.val(), 0, "put revisions-by-blob index"));
+    LORADB_RETURN_IF_ERROR(Put(txn, d.revisions_by_blob, bk.val(), rk.val(), MDB_APPENDDUP,
+                               "put revisions-by-blob index"));
   }
   if (!nr.alias.empty()) {
     LORADB_RETURN_IF_ERROR(TxnSetAlias(txn, d, policy, nr.alias, r.id, nr.alias_reason, now));
@@ -425,8 +452,8 @@ absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
 }
 
 // Registry of open environments in this process, keyed by the canonical directory.
-absl::Mutex& RegistryMutex() {
-  static auto* mu = new absl::Mutex();
+Mutex& RegistryMutex() {
+  static auto* mu = new Mutex();
   return *mu;
 }
 std::map<std::string, std::weak_ptr<Catalog>>& Registry() {
@@ -450,7 +477,7 @@ Catalog::Catalog(std::string dir, const CatalogOptions& options)
 
 Catalog::~Catalog() {
   {
-    absl::MutexLock lock(&pool_mu_);
+    MutexLock lock(&pool_mu_);
     for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
     read_pool_.clear();
   }
@@ -471,7 +498,7 @@ absl::StatusOr<std::shared_ptr<Catalog>> Catalog::Open(const std::string& dir,
   std::string canonical(real);
   std::free(real);
 
-  absl::MutexLock lock(&RegistryMutex());
+  MutexLock lock(&RegistryMutex());
   auto it = Registry().find(canonical);
   if (it != Registry().end()) {
     if (auto existing = it->second.lock()) {
@@ -615,7 +642,7 @@ absl::Status Catalog::Init() {
 
 MDB_txn* Catalog::AcquireReadTxn() const {
   {
-    absl::MutexLock lock(&pool_mu_);
+    MutexLock lock(&pool_mu_);
     while (!read_pool_.empty()) {
       MDB_txn* t = read_pool_.back();
       read_pool_.pop_back();
@@ -628,7 +655,7 @@ MDB_txn* Catalog::AcquireReadTxn() const {
 
 void Catalog::ReleaseReadTxn(MDB_txn* txn) const {
   mdb_txn_reset(txn);
-  absl::MutexLock lock(&pool_mu_);
+  MutexLock lock(&pool_mu_);
   if (read_pool_.size() < 64) {
     read_pool_.push_back(txn);
   } else {
@@ -637,9 +664,9 @@ void Catalog::ReleaseReadTxn(MDB_txn* txn) const {
 }
 
 absl::Status Catalog::GrowMap(uint64_t at_least) {
-  absl::WriterMutexLock lock(&resize_mu_);
+  WriterMutexLock lock(&resize_mu_);
   {
-    absl::MutexLock pool_lock(&pool_mu_);
+    MutexLock pool_lock(&pool_mu_);
     for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
     read_pool_.clear();
   }
@@ -659,7 +686,7 @@ absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) cons
   for (int attempt = 0; attempt < 4; ++attempt) {
     bool resized = false;
     {
-      absl::ReaderMutexLock lock(&resize_mu_);
+      ReaderMutexLock lock(&resize_mu_);
       MDB_txn* txn = AcquireReadTxn();
       if (txn == nullptr) {
         int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
@@ -689,7 +716,7 @@ absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
     uint64_t grow_to = 0;
     bool adopt = false;
     {
-      absl::ReaderMutexLock lock(&resize_mu_);
+      ReaderMutexLock lock(&resize_mu_);
       MDB_txn* txn = nullptr;
       int rc = mdb_txn_begin(env_, nullptr, 0, &txn);
       if (rc == MDB_MAP_RESIZED) {
@@ -821,6 +848,7 @@ absl::StatusOr<std::vector<PolicyRecord>> Catalog::ListPolicies() const {
     MDB_val k, v;
     for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
       LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v)));
+      LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, *dbi_, &p));
       out.push_back(std::move(p));
     }
     return absl::OkStatus();
@@ -1279,6 +1307,79 @@ absl::StatusOr<uint64_t> Catalog::DataBytes() const {
   return static_cast<uint64_t>(info.me_last_pgno + 1) * st.ms_psize;
 }
 
+absl::StatusOr<CatalogSpace> Catalog::Space() const {
+  CatalogSpace out;
+  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    MDB_envinfo info;
+    int rc = mdb_env_info(env_, &info);
+    if (rc != 0) return LmdbError(rc, "env info");
+    out.used_pages = static_cast<uint64_t>(info.me_last_pgno) + 1;
+    auto stat_of = [&](MDB_dbi dbi, const char* name, bool count_bytes,
+                       CatalogDbSpace* db) -> absl::Status {
+      MDB_stat st;
+      const int r = mdb_stat(txn, dbi, &st);
+      if (r != 0) return LmdbError(r, absl::StrCat("stat ", name));
+      out.page_size = st.ms_psize;
+      db->name = name;
+      db->entries = st.ms_entries;
+      db->depth = st.ms_depth;
+      db->branch_pages = st.ms_branch_pages;
+      db->leaf_pages = st.ms_leaf_pages;
+      db->overflow_pages = st.ms_overflow_pages;
+      if (!count_bytes) return absl::OkStatus();
+      Cursor c(txn, dbi);
+      LORADB_RETURN_IF_ERROR(c.status());
+      MDB_val k, v;
+      for (int g = c.Get(&k, &v, MDB_FIRST); g != MDB_NOTFOUND; g = c.Get(&k, &v, MDB_NEXT)) {
+        if (g != 0) return LmdbError(g, absl::StrCat("scan ", name));
+        db->key_value_bytes += k.mv_size + v.mv_size;
+      }
+      return absl::OkStatus();
+    };
+    // dbi 1 is LMDB's main database (the table of named databases), dbi 0 its free list.
+    LORADB_RETURN_IF_ERROR(stat_of(1, "(main)", false, &out.main));
+    const std::pair<const char*, MDB_dbi> named[] = {
+        {"meta", dbi_->meta},
+        {"bases", dbi_->bases},
+        {"policies", dbi_->policies},
+        {"policy_by_id", dbi_->policy_by_id},
+        {"revisions", dbi_->revisions},
+        {"policy_revisions", dbi_->policy_revisions},
+        {"aliases", dbi_->aliases},
+        {"alias_log", dbi_->alias_log},
+        {"checkpoints", dbi_->checkpoints},
+        {"policy_checkpoints", dbi_->policy_checkpoints},
+        {"blobs", dbi_->blobs},
+        {"revisions_by_blob", dbi_->revisions_by_blob},
+    };
+    uint64_t accounted = out.meta_pages + out.main.pages();
+    for (const auto& [name, dbi] : named) {
+      CatalogDbSpace db;
+      LORADB_RETURN_IF_ERROR(stat_of(dbi, name, true, &db));
+      accounted += db.pages();
+      out.dbs.push_back(std::move(db));
+    }
+    CatalogDbSpace free_db;
+    LORADB_RETURN_IF_ERROR(stat_of(0, "(free)", false, &free_db));
+    out.freelist_pages = free_db.pages();
+    // Each free-list record is an array of page numbers whose first element is the count.
+    Cursor c(txn, 0);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    for (int g = c.Get(&k, &v, MDB_FIRST); g != MDB_NOTFOUND; g = c.Get(&k, &v, MDB_NEXT)) {
+      if (g != 0) return LmdbError(g, "scan free list");
+      if (v.mv_size < sizeof(size_t)) return absl::DataLossError("catalog: short free-list record");
+      size_t count = 0;
+      std::memcpy(&count, v.mv_data, sizeof(count));
+      out.free_pages += count;
+    }
+    accounted += out.freelist_pages + out.free_pages;
+    out.unaccounted_pages = out.used_pages > accounted ? out.used_pages - accounted : 0;
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
 absl::StatusOr<uint64_t> Catalog::LastTxnId() const {
   MDB_envinfo info;
   const int rc = mdb_env_info(env_, &info);
@@ -1295,7 +1396,7 @@ absl::StatusOr<uint64_t> Catalog::CopySnapshot(const std::string& dest_dir) cons
   // Read before the copy's own read transaction begins: a lower bound of what it holds.
   LORADB_ASSIGN_OR_RETURN(const uint64_t txnid, LastTxnId());
   {
-    absl::ReaderMutexLock lock(&resize_mu_);
+    ReaderMutexLock lock(&resize_mu_);
     const int rc = mdb_env_copy2(env_, dest_dir.c_str(), MDB_CP_COMPACT);
     if (rc != 0) return LmdbError(rc, absl::StrCat("copy to ", dest_dir));
   }
@@ -1344,6 +1445,7 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
         if (!bases.count(p->base)) {
           problem(absl::StrCat("policy '", p->name, "' names missing base '", p->base, "'"));
         }
+        LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, *dbi_, &*p));
         policies[p->id] = std::move(*p);
       }
     }

@@ -16,8 +16,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "storage/catalog/records.h"
+#include "storage/util/mutex.h"
 
 struct MDB_env;
 struct MDB_txn;
@@ -88,6 +88,34 @@ struct CatalogIntegrity {
   uint64_t live_revisions = 0;
   uint64_t aliases = 0;
   uint64_t checkpoints = 0;
+};
+
+// Pages of one named database (mdb_stat).
+struct CatalogDbSpace {
+  std::string name;
+  uint64_t entries = 0;
+  uint64_t depth = 0;
+  uint64_t branch_pages = 0;
+  uint64_t leaf_pages = 0;
+  uint64_t overflow_pages = 0;
+  uint64_t key_value_bytes = 0;  // sum of key + value sizes (0 when not counted)
+  uint64_t pages() const { return branch_pages + leaf_pages + overflow_pages; }
+};
+
+// How the used part of the map (DataBytes = used_pages x page_size) divides: the two meta pages,
+// the main database (the table of named databases), each named database, the free list's own
+// pages and the free pages it lists (reusable), and pages none of these account for: the
+// nested trees of MDB_DUPSORT databases whose duplicates outgrew their node (mdb_stat counts
+// those in the nested tree's own record, not in the database's).
+struct CatalogSpace {
+  uint64_t page_size = 0;
+  uint64_t used_pages = 0;
+  uint64_t meta_pages = 2;
+  CatalogDbSpace main;
+  std::vector<CatalogDbSpace> dbs;
+  uint64_t freelist_pages = 0;
+  uint64_t free_pages = 0;
+  uint64_t unaccounted_pages = 0;
 };
 
 class Catalog {
@@ -203,6 +231,8 @@ class Catalog {
 
   // Bytes of the LMDB data file (the used part of the map).
   [[nodiscard]] absl::StatusOr<uint64_t> DataBytes() const;
+  // Where DataBytes goes: page counts per named database, the free list, and the rest.
+  [[nodiscard]] absl::StatusOr<CatalogSpace> Space() const;
 
   // The id of the last committed write transaction of the environment (any process).
   [[nodiscard]] absl::StatusOr<uint64_t> LastTxnId() const;
@@ -233,8 +263,9 @@ class Catalog {
   int pid_ = 0;
   // Readers and writers hold it shared for a transaction's life; growing the map holds it
   // exclusively so no transaction of this process is open.
-  mutable absl::Mutex resize_mu_;
-  mutable absl::Mutex pool_mu_;
+  // loradb::Mutex, not absl::Mutex: visible to ThreadSanitizer (storage/util/mutex.h).
+  mutable SharedMutex resize_mu_;
+  mutable Mutex pool_mu_;
   mutable std::vector<MDB_txn*> read_pool_ ABSL_GUARDED_BY(pool_mu_);
 };
 

@@ -18,8 +18,11 @@
 namespace loradb {
 
 // The catalog layout version this build writes and the newest it reads. v2 added the
-// `revisions_by_blob` index (storage/maintenance migrates v1 stores forward).
-inline constexpr uint32_t kCatalogSchemaVersion = 2;
+// `revisions_by_blob` index; v3 made a policy record's `next_seq` a lower bound: a publish no
+// longer rewrites the policy record, and the next seq is the larger of the record's and one past
+// the highest seq in the policy's revision index (a v2 binary would reuse seqs, hence the bump).
+// storage/maintenance migrates older stores forward.
+inline constexpr uint32_t kCatalogSchemaVersion = 3;
 
 struct Architecture {
   std::string family;  // HF model_type ("qwen3", "qwen3_moe") or "custom"
@@ -53,6 +56,8 @@ struct PolicyRecord {
   std::map<std::string, std::string> labels;
   int64_t created_us = 0;
   bool archived = false;
+  // The seq the next published revision gets. The catalog returns the resolved value; on disk
+  // (schema v3) it is a lower bound, see kCatalogSchemaVersion.
   uint64_t next_seq = 1;
 };
 

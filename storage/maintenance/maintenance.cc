@@ -481,11 +481,18 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
       maint_internal::Rebuild(p.catalog, options.dry_run ? "" : p.work_env, spec));
   rep.revisions = plan.revisions_before;
   rep.index_entries = plan.index_entries;
-  if (rep.from_version < 2 && rep.from_version < kCatalogSchemaVersion) {
+  if (rep.from_version < kCatalogSchemaVersion) {
     rep.changes.push_back(
         absl::StrCat("schema_version ", rep.from_version, " -> ", kCatalogSchemaVersion));
+  }
+  if (rep.from_version < 2) {
     rep.changes.push_back(absl::StrCat("build the revisions_by_blob index: ", plan.index_entries,
                                        " entries over ", plan.revisions_before, " revisions"));
+  }
+  if (rep.from_version < 3) {
+    rep.changes.push_back(absl::StrCat(plan.policies,
+                                       " policy records: next_seq becomes a lower bound (publishes "
+                                       "no longer rewrite the policy record)"));
   }
   LORADB_RETURN_IF_ERROR(
       FinishGeneration(p, plan, options.dry_run, options.drop_previous, t0, &rep));

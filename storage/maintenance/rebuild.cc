@@ -482,7 +482,30 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     if (rc != MDB_NOTFOUND) return Lmdb(rc, absl::StrCat("scan ", kDbs[db].name));
     return absl::OkStatus();
   };
-  for (size_t db : {kMeta, kBases, kPolicies, kPolicyById}) LORADB_RETURN_IF_ERROR(copy_db(db));
+  for (size_t db : {kMeta, kBases, kPolicies}) LORADB_RETURN_IF_ERROR(copy_db(db));
+  {
+    // Schema v3 reads a policy's next seq as max(record, highest indexed seq + 1), and the
+    // rebuild may drop the index entries of deleted revisions: the record carries the source's
+    // next seq so no seq is handed out twice.
+    absl::flat_hash_map<uint64_t, uint64_t> last_seq;
+    for (const RevInfo& r : revs) last_seq[r.policy_id] = std::max(last_seq[r.policy_id], r.seq);
+    Cursor c(rtxn.get(), sdbi[kPolicyById]);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    int rc;
+    for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+      LORADB_ASSIGN_OR_RETURN(PolicyRecord pr, codec::DecodePolicy(Bytes(v)));
+      auto it = last_seq.find(pr.id);
+      if (it == last_seq.end() || pr.next_seq > it->second) {
+        LORADB_RETURN_IF_ERROR(app.Append(kPolicyById, k, v));
+        continue;
+      }
+      pr.next_seq = it->second + 1;
+      const std::string bytes = codec::EncodePolicy(pr);
+      LORADB_RETURN_IF_ERROR(app.Append(kPolicyById, k, Val(bytes)));
+    }
+    if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan policy_by_id");
+  }
   {
     Cursor c(rtxn.get(), sdbi[kRevisions]);
     LORADB_RETURN_IF_ERROR(c.status());

@@ -322,7 +322,7 @@ absl::StatusOr<std::unique_ptr<ReplicaFollower>> ReplicaFollower::Open(
     GenerationManifest m;
     auto store = f->OpenGeneration(gen, &m);
     if (store.ok()) {
-      absl::MutexLock lock(&f->mu_);
+      MutexLock lock(&f->mu_);
       f->store_ = std::move(*store);
       f->manifest_ = std::move(m);
       return f;
@@ -337,7 +337,7 @@ absl::StatusOr<std::shared_ptr<Store>> ReplicaFollower::OpenGeneration(
     uint64_t gen, GenerationManifest* manifest) const {
   LORADB_ASSIGN_OR_RETURN(GenerationManifest m, ReadManifest(root_, gen));
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (store_ != nullptr && m.store_id != manifest_.store_id) {
       return absl::FailedPreconditionError(
           absl::StrCat("replica: generation ", gen, " belongs to store ", m.store_id,
@@ -372,12 +372,12 @@ absl::StatusOr<std::shared_ptr<Store>> ReplicaFollower::OpenGeneration(
 }
 
 absl::StatusOr<bool> ReplicaFollower::Refresh() {
-  absl::MutexLock refresh_lock(&refresh_mu_);
+  MutexLock refresh_lock(&refresh_mu_);
   absl::Status last = absl::OkStatus();
   for (int attempt = 0; attempt < 8; ++attempt) {
     LORADB_ASSIGN_OR_RETURN(const uint64_t gen, ReadCurrentGeneration(root_));
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (gen <= manifest_.generation) return false;
     }
     GenerationManifest m;
@@ -385,7 +385,7 @@ absl::StatusOr<bool> ReplicaFollower::Refresh() {
     if (store.ok()) {
       std::shared_ptr<Store> old;
       {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         old = std::move(store_);
         store_ = std::move(*store);
         manifest_ = std::move(m);
@@ -399,12 +399,12 @@ absl::StatusOr<bool> ReplicaFollower::Refresh() {
 }
 
 std::shared_ptr<Store> ReplicaFollower::store() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return store_;
 }
 
 GenerationManifest ReplicaFollower::manifest() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return manifest_;
 }
 

@@ -30,10 +30,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "storage/catalog/catalog.h"
 #include "storage/store/store.h"
 #include "storage/util/hash.h"
+#include "storage/util/mutex.h"
 
 namespace loradb {
 
@@ -155,8 +155,9 @@ class ReplicaFollower {
 
   std::string root_;
   std::string blob_root_;
-  absl::Mutex refresh_mu_;  // one Refresh at a time
-  mutable absl::Mutex mu_;
+  // loradb::Mutex, not absl::Mutex: visible to ThreadSanitizer (storage/util/mutex.h).
+  Mutex refresh_mu_;  // one Refresh at a time
+  mutable Mutex mu_;
   std::shared_ptr<Store> store_ ABSL_GUARDED_BY(mu_);
   GenerationManifest manifest_ ABSL_GUARDED_BY(mu_);
 };

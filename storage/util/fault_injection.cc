@@ -10,8 +10,8 @@
 #include "absl/base/attributes.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "storage/util/file_util.h"
+#include "storage/util/mutex.h"
 
 namespace loradb {
 namespace fault_internal {
@@ -21,7 +21,7 @@ ABSL_CONST_INIT std::atomic<bool> g_active{false};
 namespace {
 
 struct FaultState {
-  absl::Mutex mu;
+  Mutex mu;  // loradb::Mutex: visible to ThreadSanitizer
   bool armed ABSL_GUARDED_BY(mu) = false;
   std::string point ABSL_GUARDED_BY(mu);
   uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
@@ -57,7 +57,7 @@ absl::Status Hit(const char* name) {
   FaultState& s = State();
   FaultAction action;
   {
-    absl::MutexLock lock(&s.mu);
+    MutexLock lock(&s.mu);
     if (s.recording) s.recorded.emplace_back(name);
     if (!s.armed || s.point != name) return absl::OkStatus();
     if (--s.remaining > 0) return absl::OkStatus();
@@ -83,7 +83,7 @@ using fault_internal::State;
 
 void ArmFault(absl::string_view point, uint64_t nth, FaultAction action) {
   auto& s = State();
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   s.armed = true;
   s.point = std::string(point);
   s.remaining = nth == 0 ? 1 : nth;
@@ -93,7 +93,7 @@ void ArmFault(absl::string_view point, uint64_t nth, FaultAction action) {
 
 void DisarmFaults() {
   auto& s = State();
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   s.armed = false;
   s.recording = false;
   fault_internal::UpdateActive(s);
@@ -131,7 +131,7 @@ absl::Status ArmFaultFromSpec(absl::string_view spec) {
 
 void StartFaultRecording() {
   auto& s = State();
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   s.recording = true;
   s.recorded.clear();
   fault_internal::UpdateActive(s);
@@ -139,7 +139,7 @@ void StartFaultRecording() {
 
 std::vector<std::string> RecordedFaultPoints() {
   auto& s = State();
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   return s.recorded;
 }
 

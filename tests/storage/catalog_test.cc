@@ -4,6 +4,7 @@
 #include <lmdb.h>
 
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "tests/test_util.h"
@@ -376,6 +377,34 @@ TEST(CatalogMap, GrowsWhenFull) {
   ASSERT_TRUE(ids.ok()) << ids.status();
   EXPECT_EQ(*(*c)->CountPolicyRevisions(p->id), 2000u);
   EXPECT_GT(*(*c)->DataBytes(), 64u * 1024);
+}
+
+TEST_F(CatalogTest, SpaceAccountsForEveryUsedPage) {
+  std::vector<NewRevision> batch;
+  for (int i = 0; i < 300; ++i) batch.push_back(Rev(policy_.id, 1 + i % 5));
+  ASSERT_TRUE(cat_->PublishBatch(batch, {}).ok());
+  ASSERT_TRUE(cat_->SetAlias(policy_.id, "serving", 7).ok());
+  auto space = cat_->Space();
+  ASSERT_TRUE(space.ok()) << space.status();
+  EXPECT_EQ(space->page_size * space->used_pages, *cat_->DataBytes());
+  uint64_t pages = space->meta_pages + space->main.pages() + space->freelist_pages +
+                   space->free_pages + space->unaccounted_pages;
+  std::map<std::string, CatalogDbSpace> by_name;
+  for (const CatalogDbSpace& db : space->dbs) {
+    pages += db.pages();
+    by_name[db.name] = db;
+  }
+  EXPECT_EQ(pages, space->used_pages);
+  EXPECT_EQ(by_name.at("revisions").entries, 300u);
+  EXPECT_EQ(by_name.at("policy_revisions").entries, 300u);
+  EXPECT_EQ(by_name.at("revisions_by_blob").entries, 300u);
+  EXPECT_EQ(by_name.at("blobs").entries, 5u);
+  EXPECT_EQ(by_name.at("aliases").entries, 1u);
+  EXPECT_EQ(by_name.at("checkpoints").pages(), 0u);
+  // 300 records of at least 100 bytes do not fit in one page.
+  EXPECT_GT(by_name.at("revisions").key_value_bytes, 300u * 100);
+  EXPECT_GT(by_name.at("revisions").leaf_pages, 1u);
+  EXPECT_GT(by_name.at("revisions").depth, 1u);
 }
 
 TEST_F(CatalogTest, ConcurrentReadersDuringWrites) {

@@ -279,14 +279,14 @@ TEST(Migrate, V1StoreMovesForward) {
   auto plan = MigrateStore(dir, dry);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->from_version, 1u);
-  EXPECT_EQ(plan->to_version, 2u);
-  ASSERT_EQ(plan->changes.size(), 2u);
+  EXPECT_EQ(plan->to_version, kCatalogSchemaVersion);
+  ASSERT_EQ(plan->changes.size(), 3u);
   EXPECT_EQ(plan->index_entries, 4u);
   EXPECT_EQ(*ReadStoreSchemaVersion(dir), 1u);  // dry run: unchanged
 
   auto rep = MigrateStore(dir, {});
   ASSERT_TRUE(rep.ok()) << rep.status();
-  EXPECT_EQ(*ReadStoreSchemaVersion(dir), 2u);
+  EXPECT_EQ(*ReadStoreSchemaVersion(dir), kCatalogSchemaVersion);
   EXPECT_TRUE(fs::exists(dir + "/catalog/prev.mdb"));
   EXPECT_EQ(VerifyProblems(dir), "");
   {
@@ -393,6 +393,67 @@ TEST(V1Fixture, MigratesAndVerifies) {
     EXPECT_NE(snap.at(absl::StrCat("rev ", id)).find("readable"), std::string::npos) << id;
   }
   EXPECT_EQ(snap.count("rev 2"), 0u);  // deleted in the fixture
+}
+
+// ---- the checked-in v2 fixture (tests/storage/fixtures/v2_store): real schema-v2 bytes, written
+// once by the v2 build (commit c87ee55) as BuildStore plus policy c/r with revisions 10 and 11
+// (11 deleted: c/r's highest seq) and a/p revision 12. v2 policy records hold the exact next
+// seq; v3 reads them as a lower bound.
+
+const std::string kV2Fixture = std::string(LORADB_SOURCE_DIR) + "/tests/storage/fixtures/v2_store";
+
+TEST(V2Fixture, MigratesAndKeepsEverySeq) {
+  TempDir t;
+  const std::string dir = t.file("store");
+  maint_test::CopyTree(kV2Fixture, dir);
+  ASSERT_EQ(*ReadStoreSchemaVersion(dir), 2u);
+  StoreOptions so;
+  so.create_if_missing = false;
+  auto refused = Store::Open(dir, so);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("loradb migrate"), std::string::npos);
+
+  auto rep = MigrateStore(dir, {});
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->from_version, 2u);
+  EXPECT_EQ(rep->to_version, 3u);
+  ASSERT_EQ(rep->changes.size(), 2u);
+  EXPECT_NE(rep->changes[1].find("next_seq"), std::string::npos) << rep->changes[1];
+  EXPECT_EQ(*ReadStoreSchemaVersion(dir), 3u);
+  EXPECT_EQ(VerifyProblems(dir), "");
+  auto snap = Snapshot(dir);
+  EXPECT_EQ(snap.at("policy a/p"), "1 next 8");
+  EXPECT_EQ(snap.at("policy b/q"), "2 next 4");
+  EXPECT_EQ(snap.at("policy c/r"), "3 next 3");  // 11 (seq 2) is deleted: 2 is not reused
+  EXPECT_EQ(snap.at("alias a/p:serving"), "5");
+  EXPECT_EQ(snap.at("alias b/q:prod"), "7");
+  EXPECT_EQ(snap.at("alias c/r:serving"), "10");
+  for (int id : {1, 3, 5, 6, 7, 8, 10, 12}) {
+    EXPECT_NE(snap.at(absl::StrCat("rev ", id)).find("readable"), std::string::npos) << id;
+  }
+  EXPECT_EQ(snap.count("rev 11"), 0u);
+  EXPECT_EQ(snap.count("ckpt 1"), 1u);
+
+  {
+    auto s = OpenStore(dir);
+    ASSERT_NE(s, nullptr);
+    const uint64_t r13 = Publish(*s, "c/r", 400.0f);
+    const uint64_t r14 = Publish(*s, "c/r", 401.0f);
+    EXPECT_EQ(s->catalog().GetRevision(r13)->seq, 3u);
+    EXPECT_EQ(s->catalog().GetRevision(r14)->seq, 4u);
+    EXPECT_EQ(s->catalog().GetRevision(Publish(*s, "a/p", 402.0f))->seq, 8u);
+    ASSERT_TRUE(s->DeleteRevision(r14).ok());  // c/r's highest seq, not the highest id
+  }
+  // Compaction drops 14's index entry; c/r's record (next_seq 3 on disk) must not hand out 4.
+  CompactOptions co;
+  co.drop_previous = true;
+  ASSERT_TRUE(CompactStore(dir, co).ok());
+  EXPECT_EQ(VerifyProblems(dir), "");
+  auto s = OpenStore(dir);
+  ASSERT_NE(s, nullptr);
+  EXPECT_FALSE(s->catalog().GetRevision(14).ok());
+  EXPECT_EQ(s->GetPolicy("c/r")->next_seq, 5u);
+  EXPECT_EQ(s->catalog().GetRevision(Publish(*s, "c/r", 403.0f))->seq, 5u);
 }
 
 }  // namespace

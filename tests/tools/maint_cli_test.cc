@@ -49,7 +49,7 @@ TEST(MaintCli, CompactVerifyAndCorruption) {
   CliRun v = Loradb(dir, "verify --json");
   ASSERT_EQ(v.status, 0) << v.out;
   EXPECT_TRUE(LastJson(v.out)["ok"].get<bool>());
-  EXPECT_EQ(LastJson(v.out)["schema_version"].get<int>(), 2);
+  EXPECT_EQ(LastJson(v.out)["schema_version"].get<int>(), 3);
 
   CliRun dry = Loradb(dir, "compact --dry-run --json");
   ASSERT_EQ(dry.status, 0) << dry.out;
@@ -95,7 +95,7 @@ TEST(MaintCli, BusyStoreAndMigrate) {
   CliRun dry = Loradb(dir, "migrate --dry-run --json");
   ASSERT_EQ(dry.status, 0) << dry.out;
   EXPECT_EQ(LastJson(dry.out)["from_version"].get<int>(), 1);
-  EXPECT_EQ(LastJson(dry.out)["changes"].size(), 2u);
+  EXPECT_EQ(LastJson(dry.out)["changes"].size(), 3u);
   {
     auto held = StoreLock::Acquire(dir, StoreLock::Mode::kShared);
     ASSERT_TRUE(held.ok());
@@ -106,7 +106,7 @@ TEST(MaintCli, BusyStoreAndMigrate) {
   }
   CliRun m = Loradb(dir, "migrate");
   ASSERT_EQ(m.status, 0) << m.out;
-  EXPECT_NE(m.out.find("schema 1 -> 2"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("schema 1 -> 3"), std::string::npos) << m.out;
   CliRun again = Loradb(dir, "migrate");
   ASSERT_EQ(again.status, 0) << again.out;
   EXPECT_NE(again.out.find("nothing to do"), std::string::npos) << again.out;
