@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "storage/util/mutex.h"
 
 namespace loradb::tiers {
 
@@ -65,16 +66,7 @@ class ABSL_LOCKABLE Mutex {
 };
 
 // Holds a Mutex for a scope.
-class ABSL_SCOPED_LOCKABLE MutexLock {
- public:
-  explicit MutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
-  ~MutexLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
-  MutexLock(const MutexLock&) = delete;
-  MutexLock& operator=(const MutexLock&) = delete;
-
- private:
-  Mutex* const mu_;
-};
+using MutexLock = BasicMutexLock<Mutex>;
 
 }  // namespace loradb::tiers
 
