@@ -156,8 +156,9 @@ class Trainer {
 
   // Losses run one forward per call in which data of one policy that agree up to their first
   // weighted target (a GRPO group's prompt, a DPO pair's) compute those rows once, and logits
-  // only at weighted positions. Off: every datum runs whole (the same losses and gradients up to
-  // float reassociation; for tests and measurements). Not while other calls run.
+  // only from each datum's first to its last weighted target. Off: every datum runs whole (the
+  // same losses and gradients up to float reassociation; for tests and measurements). Not while
+  // other calls run.
   void set_share_prefixes(bool share) { share_prefixes_ = share; }
   bool share_prefixes() const { return share_prefixes_; }
   // Rows the losses (ForwardBackward, Evaluate, their reference passes) have run through the
