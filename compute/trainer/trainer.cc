@@ -580,10 +580,9 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
     in.lora = adapters.empty() ? nullptr : &lora;
     in.last_row_logits_only = true;
     LORADB_ASSIGN_OR_RETURN(model::ForwardOutput out, model_->Forward(in, &cache));
-    // Every row's distribution at once (vectorized): log Z at temperature 1, and for sampled
-    // rows exp((logit - max) / T) and its running sum, which the row's uniform draw searches.
-    // A distribution per distinct (logits row, temperature): the samples of a prefilled prompt
-    // share its row.
+    // Every distribution at once (vectorized), one per distinct (logits row, temperature) — the
+    // samples of a prefilled prompt share its row: exp((logit - max) / T) and its running sum,
+    // which the request's uniform draw searches; the last running sum is the normaliser.
     at::Tensor logits = out.logits.to(at::kCPU, at::kDouble).contiguous();
     std::map<std::pair<size_t, double>, int64_t> dist_of;
     std::vector<int64_t> dist_row;
@@ -599,9 +598,7 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
       dist[k] = it->second;
     }
     const int64_t n_dist = static_cast<int64_t>(dist_row.size());
-    at::Tensor mx = std::get<0>(logits.max(-1, /*keepdim=*/true));
-    at::Tensor shifted = logits - mx;
-    at::Tensor log_z = (mx.squeeze(1) + shifted.exp().sum(-1).log()).contiguous();
+    at::Tensor shifted = logits - std::get<0>(logits.max(-1, /*keepdim=*/true));
     at::Tensor scaled =
         (shifted.index_select(0, at::from_blob(dist_row.data(), {n_dist}, at::kLong)) *
          at::from_blob(inv_t.data(), {n_dist, 1}, at::kDouble))
@@ -610,7 +607,6 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
     const double* base = logits.data_ptr<double>();
     const double* scaled_base = scaled.data_ptr<double>();
     const double* cdf_base = cdf.data_ptr<double>();
-    const double* log_z_base = log_z.data_ptr<double>();
     std::vector<size_t> still;
     for (size_t k = 0; k < active.size(); ++k) {
       const size_t i = active[k];
@@ -629,13 +625,9 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
       }
       SampleResult& res = results[i];
       res.tokens.push_back(tok);
-      if (r.temperature == 0 || r.temperature == 1) {
-        res.logprobs.push_back(static_cast<float>(row[tok] - log_z_base[row_of[k]]));
-      } else {
-        // log softmax(row / T) at tok.
-        const double* sc = scaled_base + dist[k] * vocab;
-        res.logprobs.push_back(static_cast<float>(sc[tok] - std::log(c[vocab - 1])));
-      }
+      // log softmax(row / T) at tok (T = 1 for greedy requests).
+      res.logprobs.push_back(
+          static_cast<float>(scaled_base[dist[k] * vocab + tok] - std::log(c[vocab - 1])));
       const bool stop =
           std::find(r.stop_tokens.begin(), r.stop_tokens.end(), tok) != r.stop_tokens.end();
       if (!stop && static_cast<int64_t>(res.tokens.size()) < r.max_tokens) {
