@@ -59,15 +59,12 @@ std::string RoundTrip(int fd, const std::string& request) {
 
 TEST(StoreRoutesTest, ABlobReadThatBlocksLeavesTheLoopServing) {
   testing::TempDir dir;
-  auto opened = Store::Open(dir.file("store"));
+  auto opened = testing::OpenStoreWithPolicy(
+      dir.file("store"), "tiny",
+      R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8, "out": 16}]})",
+      "acme/support");
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<Store> store = std::move(*opened);
-  ASSERT_TRUE(store
-                  ->AddBaseFromModuleTable(
-                      "tiny", R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8,
-                                               "out": 16}]})")
-                  .ok());
-  ASSERT_TRUE(store->CreatePolicy("acme/support", "tiny").ok());
   testing::Adapter a;
   a.Add("layers.0.self_attn.q_proj", false, 2, 8, 1.0f);
   a.Add("layers.0.self_attn.q_proj", true, 16, 2, 2.0f);

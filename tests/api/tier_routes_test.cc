@@ -53,15 +53,11 @@ TEST(TierRoutesTest, StatsAndResidencyReportTheTpPlacementAndPool) {
   so.tiers->slots.page_bytes = 256;
   so.tiers->slots.tp = {1, 2};
   so.tiers->tp_derived_dir = dir.file("derived");
-  auto opened = Store::Open(dir.file("store"), so);
+  auto opened = loradb::testing::OpenStoreWithPolicy(
+      dir.file("store"), "tiny",
+      R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8, "out": 16}]})", "acme/tp", so);
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<Store> store = std::move(*opened);
-  ASSERT_TRUE(store
-                  ->AddBaseFromModuleTable(
-                      "tiny", R"({"modules": [{"name": "layers.0.self_attn.q_proj", "in": 8,
-                                               "out": 16}]})")
-                  .ok());
-  ASSERT_TRUE(store->CreatePolicy("acme/tp", "tiny").ok());
   loradb::testing::Adapter a;
   a.Add("layers.0.self_attn.q_proj", false, 2, 8, 1.0f);
   a.Add("layers.0.self_attn.q_proj", true, 16, 2, 2.0f);

@@ -7,30 +7,17 @@
 
 #include "storage/tiers/device_backend.h"
 #include "storage/tiers/host_buffer.h"
+#include "tests/storage/host_buffer_pool_test_util.h"
 
 namespace loradb::tiers {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// Empties the process-wide pool and sets `limit` for one test; restores the old limit after.
-class PoolScope {
- public:
-  explicit PoolScope(uint64_t limit) : old_(GetHostBufferPoolStats().limit) {
-    SetHostBufferPoolLimit(0);
-    SetHostBufferPoolLimit(limit);
-  }
-  ~PoolScope() {
-    SetHostBufferPoolLimit(0);
-    SetHostBufferPoolLimit(old_);
-  }
-
- private:
-  uint64_t old_;
-};
+using ::loradb::testing::HostBufferPoolScope;
 
 TEST(HostBufferPoolTest, LargeBuffersAreReusedForOverwrite) {
-  PoolScope scope(64 * kMiB);
+  HostBufferPoolScope scope(64 * kMiB);
   auto a = HostBuffer::AllocateForOverwrite(8 * kMiB, false);
   ASSERT_TRUE(a.ok()) << a.status();
   std::byte* first = (*a)->data();
@@ -64,7 +51,7 @@ TEST(HostBufferPoolTest, LargeBuffersAreReusedForOverwrite) {
 }
 
 TEST(HostBufferPoolTest, OnlyCloseSizesAndSmallBuffersAreNotPooled) {
-  PoolScope scope(256 * kMiB);
+  HostBufferPoolScope scope(256 * kMiB);
   auto big = HostBuffer::AllocateForOverwrite(32 * kMiB, false);
   ASSERT_TRUE(big.ok());
   std::byte* big_data = (*big)->data();
@@ -83,7 +70,7 @@ TEST(HostBufferPoolTest, OnlyCloseSizesAndSmallBuffersAreNotPooled) {
 }
 
 TEST(HostBufferPoolTest, LimitReleasesOldestAndZeroTurnsPoolingOff) {
-  PoolScope scope(20 * kMiB);
+  HostBufferPoolScope scope(20 * kMiB);
   std::vector<std::unique_ptr<HostBuffer>> bufs;
   for (int i = 0; i < 3; ++i) {
     auto b = HostBuffer::AllocateForOverwrite(8 * kMiB, false);
@@ -113,7 +100,7 @@ TEST(HostBufferPoolTest, LimitReleasesOldestAndZeroTurnsPoolingOff) {
 
 // Many threads taking and returning buffers at once (run under TSan by tools/dev test --tsan).
 TEST(HostBufferPoolTest, ConcurrentUse) {
-  PoolScope scope(64 * kMiB);
+  HostBufferPoolScope scope(64 * kMiB);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([t] {

@@ -27,6 +27,7 @@
 #include "storage/tiers/tp_shard.h"
 #include "storage/tiers/tp_shard_load.h"
 #include "storage/util/fault_injection.h"
+#include "tests/storage/host_buffer_pool_test_util.h"
 #include "tests/test_util.h"
 
 namespace loradb::tiers {
@@ -302,21 +303,7 @@ TEST_F(DerivedShardLifecycleTest, ABadDerivedFileIsRefusedAndRebuiltOnceRemoved)
 // The host-buffer pool inside the CPU budget
 // ---------------------------------------------------------------------------------------------
 
-// Empties the process-wide pool and sets `limit` for one test; restores the old limit after.
-class PoolScope {
- public:
-  explicit PoolScope(uint64_t limit) : old_(GetHostBufferPoolStats().limit) {
-    SetHostBufferPoolLimit(0);
-    SetHostBufferPoolLimit(limit);
-  }
-  ~PoolScope() {
-    SetHostBufferPoolLimit(0);
-    SetHostBufferPoolLimit(old_);
-  }
-
- private:
-  uint64_t old_;
-};
+using ::loradb::testing::HostBufferPoolScope;
 
 // Loads revision r as an adapter of `sizes[r]` bytes in a buffer from AllocateForOverwrite (as
 // the loader does), charged at the buffer's capacity.
@@ -344,7 +331,7 @@ void ExpectWithinBudget(const CpuCache& cache) {
 }
 
 TEST(HostBufferPoolBudgetTest, ResidentPlusPooledNeverExceedsTheBudget) {
-  PoolScope scope(uint64_t{1} << 30);
+  HostBufferPoolScope scope(uint64_t{1} << 30);
   // Pooled before the cache opens: 5 x 6 MiB. The cache's 20 MiB budget caps the pool at once.
   {
     std::vector<std::unique_ptr<HostBuffer>> held;
@@ -404,7 +391,7 @@ TEST(HostBufferPoolBudgetTest, ResidentPlusPooledNeverExceedsTheBudget) {
 }
 
 TEST(HostBufferPoolBudgetTest, ARecycledBufferServesTheNextLoadWithinBudget) {
-  PoolScope scope(uint64_t{1} << 30);
+  HostBufferPoolScope scope(uint64_t{1} << 30);
   CpuCacheOptions o;
   o.budget_bytes = 12 * kMiB;
   auto cache = CpuCache::Create(o, PooledLoad({6 * kMiB, 6 * kMiB, 6 * kMiB}));
@@ -421,7 +408,7 @@ TEST(HostBufferPoolBudgetTest, ARecycledBufferServesTheNextLoadWithinBudget) {
 }
 
 TEST(HostBufferPoolBudgetTest, TwoCachesShareTheirUnusedBudgets) {
-  PoolScope scope(uint64_t{1} << 30);
+  HostBufferPoolScope scope(uint64_t{1} << 30);
   CpuCacheOptions o;
   o.budget_bytes = 8 * kMiB;
   auto a = CpuCache::Create(o, PooledLoad({6 * kMiB}));
