@@ -19,10 +19,9 @@ struct Candidate {
   int32_t rank;
   int32_t pos;  // index of the left symbol
   int32_t merged;
-  // std::priority_queue pops the greatest: make the lowest rank, then the lowest position, greatest.
-  bool operator<(const Candidate& o) const {
-    return rank != o.rank ? rank > o.rank : pos > o.pos;
-  }
+  // std::priority_queue pops the greatest: make the lowest rank, then the lowest position,
+  // greatest.
+  bool operator<(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
 };
 
 struct Symbol {

@@ -26,9 +26,8 @@ absl::Status Refuse(absl::string_view pattern, size_t pos, absl::string_view wha
 absl::Status CopyBraced(absl::string_view pattern, size_t* i, std::string* out) {
   const size_t close = pattern.find('}', *i);
   if (close == absl::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pre-tokenizer regex: unterminated '{' at offset ", *i, " of \"", pattern,
-                     "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pre-tokenizer regex: unterminated '{' at offset ", *i, " of \"", pattern, "\""));
   }
   absl::StrAppend(out, pattern.substr(*i, close + 1 - *i));
   *i = close + 1;
@@ -131,8 +130,8 @@ absl::StatusOr<std::string> TranslateOnigurumaPattern(absl::string_view pattern)
       // Inline options: Oniguruma's (?m) is PCRE2's (?s), and (?x) changes parsing; only (?i) and
       // its negation are passed through.
       size_t j = i + 2;
-      while (j < pattern.size() && (pattern[j] == 'i' || pattern[j] == 'm' || pattern[j] == 'x' ||
-                                    pattern[j] == '-')) {
+      while (j < pattern.size() &&
+             (pattern[j] == 'i' || pattern[j] == 'm' || pattern[j] == 'x' || pattern[j] == '-')) {
         if (pattern[j] != 'i' && pattern[j] != '-') {
           return Refuse(pattern, j, std::string("inline option ") + pattern[j]);
         }
@@ -171,9 +170,9 @@ absl::StatusOr<std::unique_ptr<SplitRegex>> SplitRegex::Compile(const std::strin
       pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern.data()), pcre2_pattern.size(),
                     PCRE2_UTF | PCRE2_NEVER_BACKSLASH_C, &error, &offset, nullptr);
   if (code == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("pre-tokenizer regex does not compile: ",
-                                                   Pcre2Message(error), " at offset ", offset,
-                                                   " of \"", pcre2_pattern, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pre-tokenizer regex does not compile: ", Pcre2Message(error), " at offset ",
+                     offset, " of \"", pcre2_pattern, "\""));
   }
   // JIT is an optimization: where PCRE2 cannot JIT this pattern, the interpreter matches it.
   (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);

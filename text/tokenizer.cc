@@ -44,15 +44,16 @@ class Tokenizer::Loader {
     }
     Object top;
     LORADB_RETURN_IF_ERROR(AsObject(root, "", &top));
-    LORADB_RETURN_IF_ERROR(OnlyKeys(top, "",
-                                    {"version", "truncation", "padding", "added_tokens",
-                                     "normalizer", "pre_tokenizer", "post_processor", "decoder",
-                                     "model"}));
+    LORADB_RETURN_IF_ERROR(
+        OnlyKeys(top, "",
+                 {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
+                  "post_processor", "decoder", "model"}));
     for (const char* key : {"truncation", "padding"}) {
       Element e;
       if (!top[key].get(e) && !e.is_null()) {
-        return Error(key, "is set; loradb encodes without truncation or padding, so a tokenizer "
-                          "that applies them is not supported");
+        return Error(key,
+                     "is set; loradb encodes without truncation or padding, so a tokenizer "
+                     "that applies them is not supported");
       }
     }
     Element model;
@@ -164,8 +165,8 @@ class Tokenizer::Loader {
     LORADB_RETURN_IF_ERROR(AsObject(e, path, &o));
     LORADB_ASSIGN_OR_RETURN(std::string type, Type(o, path));
     if (*byte_level) {
-      return Unsupported(path, absl::StrCat("a pre-tokenizer step (", type,
-                                            ") after the ByteLevel step"));
+      return Unsupported(
+          path, absl::StrCat("a pre-tokenizer step (", type, ") after the ByteLevel step"));
     }
     if (type == "Sequence") {
       LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "pretokenizers"}));
@@ -270,10 +271,10 @@ class Tokenizer::Loader {
     LORADB_RETURN_IF_ERROR(AsObject(e, "model", &o));
     LORADB_ASSIGN_OR_RETURN(std::string type, Type(o, "model"));
     if (type != "BPE") return Unsupported("model", absl::StrCat("model type \"", type, "\""));
-    LORADB_RETURN_IF_ERROR(OnlyKeys(o, "model",
-                                    {"type", "dropout", "unk_token", "continuing_subword_prefix",
-                                     "end_of_word_suffix", "fuse_unk", "byte_fallback",
-                                     "ignore_merges", "vocab", "merges"}));
+    LORADB_RETURN_IF_ERROR(
+        OnlyKeys(o, "model",
+                 {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                  "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges"}));
     Element dropout;
     if (!o["dropout"].get(dropout) && !dropout.is_null()) {
       double d = 0;
@@ -295,8 +296,8 @@ class Tokenizer::Loader {
     if (o["vocab"].get_object().get(vocab)) return Error("model.vocab", "expected an object");
     absl::flat_hash_map<int32_t, std::string> seen;
     for (auto field : vocab) {
-      LORADB_ASSIGN_OR_RETURN(int32_t id, Id(field.value, absl::StrCat("model.vocab[\"",
-                                                                         Str(field.key), "\"]")));
+      LORADB_ASSIGN_OR_RETURN(
+          int32_t id, Id(field.value, absl::StrCat("model.vocab[\"", Str(field.key), "\"]")));
       auto [it, inserted] = seen.emplace(id, Str(field.key));
       if (!inserted) {
         return Error("model.vocab", absl::StrCat("id ", id, " is given to both \"", it->second,
@@ -354,7 +355,8 @@ class Tokenizer::Loader {
         if (s.substr(0, 8) == "#version") continue;  // tokenizers skips these header lines
         const size_t space = s.find(' ');
         if (space == std::string_view::npos || s.find(' ', space + 1) != std::string_view::npos) {
-          return Error(path, absl::StrCat("\"", Str(s), "\" is not two tokens separated by a space"));
+          return Error(path,
+                       absl::StrCat("\"", Str(s), "\" is not two tokens separated by a space"));
         }
         left = Str(s.substr(0, space));
         right = Str(s.substr(space + 1));
@@ -520,7 +522,8 @@ Tokenizer::~Tokenizer() = default;
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   std::error_code ec;
   std::string file = path;
-  if (std::filesystem::is_directory(path, ec)) file = (std::filesystem::path(path) / "tokenizer.json").string();
+  if (std::filesystem::is_directory(path, ec))
+    file = (std::filesystem::path(path) / "tokenizer.json").string();
   std::ifstream in(file, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(file, ": cannot open (no tokenizer.json there?)"));
@@ -532,7 +535,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view json,
-                                                                absl::string_view origin) {
+                                                               absl::string_view origin) {
   std::unique_ptr<Tokenizer> tok(new Tokenizer());
   Loader loader(tok.get(), origin);
   LORADB_RETURN_IF_ERROR(loader.Load(json));
@@ -714,8 +717,8 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
   std::string bytes;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size() || !id_present_[id]) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is not in the vocabulary (",
-                                                     vocab_size(), " ids)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " is not in the vocabulary (", vocab_size(), " ids)"));
     }
     if (skip_special_tokens && id_special_[id]) continue;
     bytes += id_bytes_[id];

@@ -129,10 +129,9 @@ absl::StatusOr<std::string> Nfc(absl::string_view s) {
   for (char c : s) ascii = ascii && static_cast<uint8_t>(c) < 0x80;
   if (ascii) return std::string(s);  // ASCII text is its own NFC.
   utf8proc_uint8_t* mapped = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &mapped,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const utf8proc_ssize_t n = utf8proc_map(
+      reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+      &mapped, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("NFC normalization failed: ", utf8proc_errmsg(n)));

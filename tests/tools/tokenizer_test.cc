@@ -35,12 +35,11 @@ Json MiniTokenizer() {
   vocab["ab"] = 256;
   vocab["abc"] = 257;
   vocab[Char(' ') + "a"] = 258;
-  Json merges = Json::array({Json::array({"a", "b"}), Json::array({"ab", "c"}),
-                             Json::array({Char(' '), "a"})});
+  Json merges = Json::array(
+      {Json::array({"a", "b"}), Json::array({"ab", "c"}), Json::array({Char(' '), "a"})});
   const auto added = [](int id, const char* content, bool special) {
-    return Json{{"id", id},        {"content", content}, {"single_word", false},
-                {"lstrip", false}, {"rstrip", false},    {"normalized", false},
-                {"special", special}};
+    return Json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", special}};
   };
   return Json{
       {"version", "1.0"},
@@ -50,20 +49,23 @@ Json MiniTokenizer() {
       {"normalizer", {{"type", "NFC"}}},
       {"pre_tokenizer",
        {{"type", "Sequence"},
-        {"pretokenizers",
-         Json::array({Json{{"type", "Split"},
-                           {"pattern", {{"Regex", kQwenPattern}}},
-                           {"behavior", "Isolated"},
-                           {"invert", false}},
-                      Json{{"type", "ByteLevel"},
-                           {"add_prefix_space", false},
-                           {"trim_offsets", false},
-                           {"use_regex", false}}})}}},
+        {"pretokenizers", Json::array({Json{{"type", "Split"},
+                                            {"pattern", {{"Regex", kQwenPattern}}},
+                                            {"behavior", "Isolated"},
+                                            {"invert", false}},
+                                       Json{{"type", "ByteLevel"},
+                                            {"add_prefix_space", false},
+                                            {"trim_offsets", false},
+                                            {"use_regex", false}}})}}},
       {"post_processor",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", false},
         {"use_regex", false}}},
       {"decoder",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", false},
         {"use_regex", false}}},
       {"model",
        {{"type", "BPE"},
@@ -115,8 +117,7 @@ TEST(TokenizerTest, AddedTokensMatchBeforePreTokenizer) {
   EXPECT_TRUE(tok->IsSpecial(259));
   EXPECT_FALSE(tok->IsSpecial(260));
   EXPECT_EQ(*tok->Decode({256, 259, 256, 260}, /*skip_special_tokens=*/true), "abab<mark>");
-  EXPECT_EQ(*tok->Decode({256, 259, 256, 260}, /*skip_special_tokens=*/false),
-            "ab<|end|>ab<mark>");
+  EXPECT_EQ(*tok->Decode({256, 259, 256, 260}, /*skip_special_tokens=*/false), "ab<|end|>ab<mark>");
 }
 
 TEST(TokenizerTest, NfcBeforeBpe) {
@@ -129,10 +130,14 @@ TEST(TokenizerTest, NfcBeforeBpe) {
 TEST(TokenizerTest, CutUtf8DecodesToReplacementAndStreamsWhole) {
   auto tok = Load(MiniTokenizer());
   ASSERT_NE(tok, nullptr);
-  const std::vector<int32_t> ids = *tok->Encode("\xC3\xA9" "ab");  // é ab: two byte ids + ab
+  const std::vector<int32_t> ids = *tok->Encode(
+      "\xC3\xA9"
+      "ab");  // é ab: two byte ids + ab
   ASSERT_EQ(ids, (std::vector<int32_t>{0xC3, 0xA9, 256}));
   EXPECT_EQ(*tok->Decode({0xC3}, true), "\xEF\xBF\xBD");
-  EXPECT_EQ(*tok->Decode({0xA9, 256}, true), "\xEF\xBF\xBD" "ab");
+  EXPECT_EQ(*tok->Decode({0xA9, 256}, true),
+            "\xEF\xBF\xBD"
+            "ab");
   DecodeStream stream(*tok, true);
   EXPECT_EQ(*stream.Step(0xC3), std::nullopt);
   EXPECT_EQ(*stream.Step(0xA9), "\xC3\xA9");
@@ -173,9 +178,7 @@ TEST(TokenizerTest, LongRunsOfOneCharacter) {
 
 TEST(TokenizerTest, LoadsFileOrDirectory) {
   TempDir dir;
-  {
-    std::ofstream(dir.file("tokenizer.json")) << MiniTokenizer().dump();
-  }
+  { std::ofstream(dir.file("tokenizer.json")) << MiniTokenizer().dump(); }
   auto from_dir = Tokenizer::Load(dir.path());
   ASSERT_TRUE(from_dir.ok()) << from_dir.status();
   auto from_file = Tokenizer::Load(dir.file("tokenizer.json"));
@@ -198,7 +201,11 @@ struct Refusal {
 TEST(TokenizerTest, RefusesWhatItDoesNotImplement) {
   const std::vector<Refusal> cases = {
       {"model type", [](Json& j) { j["model"]["type"] = "WordPiece"; }, "WordPiece"},
-      {"normalizer", [](Json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "Lowercase"},
+      {"normalizer",
+       [](Json& j) {
+         j["normalizer"] = {{"type", "Lowercase"}};
+       },
+       "Lowercase"},
       {"normalizer in sequence",
        [](Json& j) {
          j["normalizer"] = {{"type", "Sequence"},
@@ -210,11 +217,9 @@ TEST(TokenizerTest, RefusesWhatItDoesNotImplement) {
          j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
        },
        "Metaspace"},
-      {"no byte level",
-       [](Json& j) { j["pre_tokenizer"]["pretokenizers"].erase(1); }, "ByteLevel"},
+      {"no byte level", [](Json& j) { j["pre_tokenizer"]["pretokenizers"].erase(1); }, "ByteLevel"},
       {"split behavior",
-       [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
-       "Removed"},
+       [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; }, "Removed"},
       {"split invert", [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; },
        "invert"},
       {"regex \\w",
@@ -227,12 +232,26 @@ TEST(TokenizerTest, RefusesWhatItDoesNotImplement) {
        [](Json& j) { j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
        "add_prefix_space"},
       {"post-processor",
-       [](Json& j) { j["post_processor"] = {{"type", "TemplateProcessing"}}; },
+       [](Json& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"}};
+       },
        "TemplateProcessing"},
-      {"decoder", [](Json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "WordPiece"},
+      {"decoder",
+       [](Json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "WordPiece"},
       {"no decoder", [](Json& j) { j["decoder"] = nullptr; }, "decoder"},
-      {"truncation", [](Json& j) { j["truncation"] = {{"max_length", 8}}; }, "truncation"},
-      {"padding", [](Json& j) { j["padding"] = {{"pad_id", 0}}; }, "padding"},
+      {"truncation",
+       [](Json& j) {
+         j["truncation"] = {{"max_length", 8}};
+       },
+       "truncation"},
+      {"padding",
+       [](Json& j) {
+         j["padding"] = {{"pad_id", 0}};
+       },
+       "padding"},
       {"unknown key", [](Json& j) { j["frobnicate"] = 1; }, "frobnicate"},
       {"unknown model key", [](Json& j) { j["model"]["scores"] = 1; }, "scores"},
       {"dropout", [](Json& j) { j["model"]["dropout"] = 0.1; }, "dropout"},
@@ -242,11 +261,13 @@ TEST(TokenizerTest, RefusesWhatItDoesNotImplement) {
       {"added token id", [](Json& j) { j["added_tokens"][1]["id"] = 300; }, "id 300"},
       {"added token field missing", [](Json& j) { j["added_tokens"][0].erase("special"); },
        "special"},
-      {"merge of unknown token", [](Json& j) { j["model"]["merges"][0] = {"a", "zz"}; }, "zz"},
-      {"bad merge string",
-       [](Json& j) { j["model"]["merges"] = Json::array({"a b c"}); }, "a b c"},
-      {"mixed merge forms",
-       [](Json& j) { j["model"]["merges"][1] = "ab c"; }, "mixes"},
+      {"merge of unknown token",
+       [](Json& j) {
+         j["model"]["merges"][0] = {"a", "zz"};
+       },
+       "zz"},
+      {"bad merge string", [](Json& j) { j["model"]["merges"] = Json::array({"a b c"}); }, "a b c"},
+      {"mixed merge forms", [](Json& j) { j["model"]["merges"][1] = "ab c"; }, "mixes"},
       {"duplicate vocab id", [](Json& j) { j["model"]["vocab"]["zz"] = 5; }, "id 5"},
       {"unk not in vocab", [](Json& j) { j["model"]["unk_token"] = "<unk>"; }, "<unk>"},
       {"vocab not an object", [](Json& j) { j["model"]["vocab"] = Json::array(); }, "vocab"},
@@ -272,8 +293,7 @@ TEST(TokenizerTest, MalformedJsonIsAClearError) {
     auto tok = Tokenizer::FromJson(broken, "broken.json");
     ASSERT_FALSE(tok.ok()) << broken.substr(0, 40);
     EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(tok.status().message().find("broken.json"), absl::string_view::npos)
-        << tok.status();
+    EXPECT_NE(tok.status().message().find("broken.json"), absl::string_view::npos) << tok.status();
   }
 }
 
@@ -284,7 +304,12 @@ TEST(TokenizerTest, TranslatesOnigurumaEscapes) {
   auto compiled = SplitRegex::Compile(*re);
   ASSERT_TRUE(compiled.ok()) << compiled.status();
   std::vector<std::pair<size_t, size_t>> matches;
-  ASSERT_TRUE((*compiled)->FindAll("a\xE1\xA0\x8E" "b \xE3\x80\x80" "c", &matches).ok());
+  ASSERT_TRUE((*compiled)
+                  ->FindAll("a\xE1\xA0\x8E"
+                            "b \xE3\x80\x80"
+                            "c",
+                            &matches)
+                  .ok());
   ASSERT_EQ(matches.size(), 1u);
   EXPECT_EQ(matches[0], std::make_pair(size_t{5}, size_t{9}));  // " " + U+3000
   for (const char* refused : {"\\bx", "[[:alpha:]]", "^a", "(?m:a)", "[\\S]", "[a&&b]"}) {
