@@ -63,8 +63,9 @@ class Tokenizer {
   Tokenizer& operator=(const Tokenizer&) = delete;
 
   // Token ids of `text` (what tokenizers' `encode(text).ids` gives; special tokens written in the
-  // text become their ids). InvalidArgument when `text` is not valid UTF-8. Thread-safe; the work
-  // is O(n log n) in the length of the text.
+  // text become their ids). InvalidArgument when `text` is not valid UTF-8; Internal if PCRE2
+  // gives up on the split regex. Thread-safe. Merging an n-byte piece costs O(n log n), so a long
+  // run of one character stays cheap.
   [[nodiscard]] absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const;
 
   // Text of `ids` (what tokenizers' `decode(ids, skip_special_tokens)` gives: byte sequences that
