@@ -1,20 +1,16 @@
 // loradb-bench http [--connections C] [--reads N] [--writes M] [--policies P]
-//                   [--revisions-per-policy R] [--threads T] [--client-threads K]
-// The HTTP admin endpoint under load, on loopback ephemeral ports in this process: a store with
-// P x R small revisions and two servers over it, side by side: the event-loop engine (the
-// default) and the thread-per-connection engine (cpp-httplib, T workers; last session's server).
-// Load: C keep-alive connections, one request in flight each (closed loop), driven by an epoll
-// load generator on K threads (as wrk does), plus the same reads from one thread and
-// httplib::Client per connection (last session's client). Case "read": N requests per
-// connection of GET /v1/revisions/{random id}; "alias-move": M requests per connection of
-// PUT /v1/policies/{random policy}/aliases/serving (a durable catalog commit each);
-// "read-1conn": reads on one connection (the unqueued latency). Reports throughput,
-// p50/p99/max latency and errors per (case, engine, client); goal lines: read p99 < 5 ms (event
-// engine, epoll client, C connections), zero errors over every case.
+//                   [--revisions-per-policy R] [--client-threads K]
+// The HTTP admin endpoint under load, on a loopback ephemeral port in this process: a store with
+// P x R small revisions and the event-loop engine over it. Load: C keep-alive connections, one
+// request in flight each (closed loop), driven by an epoll load generator on K threads (as wrk
+// does). Case "read": N requests per connection of GET /v1/revisions/{random id};
+// "alias-move": M requests per connection of PUT /v1/policies/{random policy}/aliases/serving
+// (a durable catalog commit each); "read-1conn": reads on one connection (the unqueued
+// latency). Reports throughput, p50/p99/max latency and errors per case; goal lines: read p99
+// < 5 ms (C connections), zero errors over every case.
 #ifdef LORADB_HTTP_AVAILABLE
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <httplib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -51,10 +47,9 @@ struct HttpBenchArgs {
   int writes = 20;  // per connection
   int policies = 16;
   int revisions_per_policy = 8;
-  int threads = 64;
   int client_threads = 1;    // threads of the epoll load generator
   int event_threads = 0;     // loop threads of the event engine (0: one per hardware thread)
-  int rounds = 1;            // read case: rounds, alternating the two engines
+  int rounds = 1;            // read case: rounds
   int handler_threads = 64;  // event engine: threads for mutating calls
 };
 
@@ -77,8 +72,6 @@ absl::StatusOr<HttpBenchArgs> ParseArgs(const std::vector<std::string>& args) {
       a.policies = v;
     } else if (f == "--revisions-per-policy") {
       a.revisions_per_policy = v;
-    } else if (f == "--threads") {
-      a.threads = v;
     } else if (f == "--client-threads") {
       a.client_threads = v;
     } else if (f == "--event-threads") {
@@ -150,53 +143,6 @@ struct LoadResult {
   uint64_t errors = 0;
   double seconds = 0;
 };
-
-// Runs `per_conn` requests on each of `connections` keep-alive connections at once.
-// `make_request(rng, client)` performs one request and returns its HTTP status (or -1).
-LoadResult RunLoad(int port, int connections, int per_conn,
-                   const std::function<int(std::mt19937_64&, httplib::Client&)>& make_request) {
-  std::vector<std::vector<double>> lat(static_cast<size_t>(connections));
-  std::atomic<uint64_t> errors{0};
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
-  std::vector<std::thread> threads;
-  double start = 0;
-  for (int c = 0; c < connections; ++c) {
-    threads.emplace_back([&, c] {
-      httplib::Client client("127.0.0.1", port);
-      client.set_keep_alive(true);
-      client.set_tcp_nodelay(true);
-      client.set_connection_timeout(10);
-      client.set_read_timeout(30);
-      client.set_write_timeout(30);
-      std::mt19937_64 rng(static_cast<uint64_t>(c) * 7919 + 1);
-      // One warm-up request opens the connection before the clock starts.
-      if (make_request(rng, client) != 200) errors.fetch_add(1);
-      ready.fetch_add(1);
-      while (!go.load()) std::this_thread::yield();
-      auto& mine = lat[static_cast<size_t>(c)];
-      mine.reserve(static_cast<size_t>(per_conn));
-      for (int i = 0; i < per_conn; ++i) {
-        double t0 = NowSeconds();
-        int status = make_request(rng, client);
-        mine.push_back((NowSeconds() - t0) * 1e3);
-        if (status != 200 && errors.fetch_add(1) == 0) {
-          Progress(absl::StrCat("first failed request: connection ", c, " request ", i, " after ",
-                                NowSeconds() - t0, " s"));
-        }
-      }
-    });
-  }
-  while (ready.load() < connections) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  start = NowSeconds();
-  go.store(true);
-  for (auto& t : threads) t.join();
-  LoadResult r;
-  r.seconds = NowSeconds() - start;
-  r.errors = errors.load();
-  for (auto& v : lat) r.latencies_ms.insert(r.latencies_ms.end(), v.begin(), v.end());
-  return r;
-}
 
 // A blocking round trip on `fd` (used for the untimed warm-up request of each connection).
 // Returns the HTTP status or -1.
@@ -436,52 +382,30 @@ absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
   std::shared_ptr<Store> store(std::move(opened));
   LORADB_ASSIGN_OR_RETURN(Seeded seeded, Seed(store.get(), a));
 
-  // Two servers over the same store, side by side in this run: the event-loop engine (the
-  // default) and last session's thread-per-connection engine (cpp-httplib, --threads workers).
-  struct Running {
-    std::unique_ptr<http::Server> server;
-    std::thread thread;
-    absl::Status status;
-  };
-  auto start_server = [&](http::ServerEngine engine,
-                          std::unique_ptr<Running>* out) -> absl::Status {
-    http::ServerOptions options;
-    options.engine = engine;
-    options.event_threads = a.event_threads;
-    options.handler_threads = a.handler_threads;
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.token = kToken;
-    options.worker_threads = a.threads;
-    // The event engine's connection limit is worker_threads + max_queued_connections.
-    options.max_queued_connections = std::max(64, a.connections);
-    // The warm-up request of each connection can finish seconds before the clock starts (64
-    // serialized durable commits under load); a 5 s keep-alive would close idle ones first and
-    // their next request would fail with a read error.
-    options.keep_alive_timeout_s = 60;
-    auto r = std::make_unique<Running>();
-    LORADB_ASSIGN_OR_RETURN(r->server, http::Server::Create(options));
-    LORADB_RETURN_IF_ERROR(http::AddStoreRoutes(store, r->server.get()));
-    LORADB_RETURN_IF_ERROR(r->server->Bind());
-    Running* raw = r.get();
-    r->thread = std::thread([raw] { raw->status = raw->server->Serve(); });
-    *out = std::move(r);
-    return absl::OkStatus();
-  };
-  std::unique_ptr<Running> event_srv, thread_srv;
-  LORADB_RETURN_IF_ERROR(start_server(http::ServerEngine::kEventLoop, &event_srv));
-  LORADB_RETURN_IF_ERROR(start_server(http::ServerEngine::kThreads, &thread_srv));
-  const int event_port = event_srv->server->port();
-  const int thread_port = thread_srv->server->port();
+  // The server over the store, on an ephemeral loopback port.
+  http::ServerOptions options;
+  options.event_threads = a.event_threads;
+  options.handler_threads = a.handler_threads;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.token = kToken;
+  // Every connection comes from 127.0.0.1: room for all of them, in the budget and per client.
+  options.max_connections = std::max(128, a.connections + 64);
+  options.max_connections_per_client = options.max_connections;
+  // The warm-up request of each connection can finish seconds before the clock starts (64
+  // serialized durable commits under load); a 5 s keep-alive would close idle ones first and
+  // their next request would fail with a read error.
+  options.keep_alive_timeout_s = 60;
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<http::Server> server, http::Server::Create(options));
+  LORADB_RETURN_IF_ERROR(http::AddStoreRoutes(store, server.get()));
+  LORADB_RETURN_IF_ERROR(server->Bind());
+  absl::Status serve_status;
+  std::thread serving([&] { serve_status = server->Serve(); });
+  const int port = server->port();
 
   std::vector<uint64_t> all_ids;
   for (const auto& ids : seeded.revisions) all_ids.insert(all_ids.end(), ids.begin(), ids.end());
 
-  auto read_one = [&](std::mt19937_64& rng, httplib::Client& client) {
-    uint64_t id = all_ids[rng() % all_ids.size()];
-    auto res = client.Get(absl::StrCat("/v1/revisions/", id).c_str());
-    return res ? res->status : -1;
-  };
   auto read_raw = [&](std::mt19937_64& rng) {
     uint64_t id = all_ids[rng() % all_ids.size()];
     return absl::StrCat("GET /v1/revisions/", id, " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
@@ -496,64 +420,40 @@ absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
         "/aliases/serving HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ", kToken,
         "\r\nContent-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
   };
-  const std::string event_client = absl::StrCat("epoll x", a.client_threads);
-  const std::string thread_client = "thread per connection";
-  const std::string event_engine =
+  const std::string client = absl::StrCat("epoll x", a.client_threads);
+  const std::string engine =
       absl::StrCat("event-loop x", a.event_threads > 0 ? absl::StrCat(a.event_threads) : "auto");
-  const std::string thread_engine = absl::StrCat("threads x", a.threads);
   const std::string kRead = "GET /v1/revisions/{id}";
   const std::string kMove = "PUT /v1/policies/{policy}/aliases/{alias}";
   uint64_t total_errors = 0;
   auto emit = [&](const std::string& name, int connections, const LoadResult& r,
-                  const std::string& endpoint, const std::string& engine,
-                  const std::string& client) {
+                  const std::string& endpoint) {
     total_errors += r.errors;
     HttpBenchArgs shown = a;
     shown.connections = connections;
     EmitLoad(name, shown, r, endpoint, engine, client);
   };
   // One connection: the latency of a request with nothing queued in front of it.
-  Progress(absl::StrCat("read-1conn: 1 connection x ", a.reads, " requests, both engines"));
-  emit("read-1conn", 1, RunEventLoad(event_port, 1, a.reads, 1, read_raw), kRead, event_engine,
-       event_client);
-  emit("read-1conn", 1, RunEventLoad(thread_port, 1, a.reads, 1, read_raw), kRead, thread_engine,
-       event_client);
-  // The goal case: C connections from the epoll load generator (as wrk would), the two engines
-  // alternating for --rounds rounds (the machine's load drifts; alternation keeps the
-  // comparison side by side). The goal is judged on every event-engine sample.
-  Progress(absl::StrCat("read: ", a.connections, " connections x ", a.reads, ", both engines, ",
-                        a.rounds, " rounds"));
+  Progress(absl::StrCat("read-1conn: 1 connection x ", a.reads, " requests"));
+  emit("read-1conn", 1, RunEventLoad(port, 1, a.reads, 1, read_raw), kRead);
+  // The goal case: C connections from the epoll load generator (as wrk would), for --rounds
+  // rounds (the machine's load drifts). The goal is judged on every sample.
+  Progress(absl::StrCat("read: ", a.connections, " connections x ", a.reads, ", ", a.rounds,
+                        " rounds"));
   LoadResult reads;
   for (int round = 0; round < a.rounds; ++round) {
-    LoadResult r = RunEventLoad(event_port, a.connections, a.reads, a.client_threads, read_raw);
-    emit("read", a.connections, r, kRead, event_engine, event_client);
+    LoadResult r = RunEventLoad(port, a.connections, a.reads, a.client_threads, read_raw);
+    emit("read", a.connections, r, kRead);
     reads.latencies_ms.insert(reads.latencies_ms.end(), r.latencies_ms.begin(),
                               r.latencies_ms.end());
-    emit("read", a.connections,
-         RunEventLoad(thread_port, a.connections, a.reads, a.client_threads, read_raw), kRead,
-         thread_engine, event_client);
   }
-  // Last session's client (one thread and httplib::Client per connection): on two cores its
-  // own threads add scheduling delay to every latency it measures.
-  Progress(absl::StrCat("read, thread-per-connection client, both engines"));
-  emit("read", a.connections, RunLoad(event_port, a.connections, a.reads, read_one), kRead,
-       event_engine, thread_client);
-  emit("read", a.connections, RunLoad(thread_port, a.connections, a.reads, read_one), kRead,
-       thread_engine, thread_client);
-
   Progress(absl::StrCat("alias-move: ", a.connections, " connections x ", a.writes, " requests"));
   emit("alias-move", a.connections,
-       RunEventLoad(event_port, a.connections, a.writes, a.client_threads, move_raw), kMove,
-       event_engine, event_client);
-  emit("alias-move", a.connections,
-       RunEventLoad(thread_port, a.connections, a.writes, a.client_threads, move_raw), kMove,
-       thread_engine, event_client);
+       RunEventLoad(port, a.connections, a.writes, a.client_threads, move_raw), kMove);
 
-  for (Running* r : {event_srv.get(), thread_srv.get()}) {
-    r->server->Shutdown();
-    r->thread.join();
-    LORADB_RETURN_IF_ERROR(r->status);
-  }
+  server->Shutdown();
+  serving.join();
+  LORADB_RETURN_IF_ERROR(serve_status);
 
   const double read_p99 = Quantile(reads.latencies_ms, 0.99);
   EmitGoal("http", "read_p99_ms", read_p99, "< 5", read_p99 < 5.0);

@@ -92,74 +92,60 @@ const char* Reason(int status) {
   }
 }
 
-bool IsTokenChar(char c) {
-  return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
-         std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
-}
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
+// The per-client budget's key: the peer's IP address (no port).
+std::string ClientKey(const sockaddr_storage& peer) {
+  if (peer.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&peer);
+    return std::string(reinterpret_cast<const char*>(&a->sin6_addr), sizeof(a->sin6_addr));
+  }
+  if (peer.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&peer);
+    return std::string(reinterpret_cast<const char*>(&a->sin_addr), sizeof(a->sin_addr));
+  }
+  return std::string();
 }
 
 }  // namespace
 
-std::string DecodeQueryComponent(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (c == '+') {
-      out.push_back(' ');
-    } else if (c == '%' && i + 2 < s.size() && HexValue(s[i + 1]) >= 0 && HexValue(s[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(HexValue(s[i + 1]) * 16 + HexValue(s[i + 2])));
-      i += 2;
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
-std::multimap<std::string, std::string> ParseQueryString(const std::string& query) {
-  std::multimap<std::string, std::string> out;
-  size_t start = 0;
-  while (start <= query.size()) {
-    size_t amp = query.find('&', start);
-    if (amp == std::string::npos) amp = query.size();
-    std::string part = query.substr(start, amp - start);
-    if (!part.empty()) {
-      size_t eq = part.find('=');
-      if (eq == std::string::npos) {
-        out.emplace(DecodeQueryComponent(part), "");
-      } else {
-        out.emplace(DecodeQueryComponent(part.substr(0, eq)),
-                    DecodeQueryComponent(part.substr(eq + 1)));
-      }
-    }
-    start = amp + 1;
-  }
-  return out;
-}
+// Where a connection is in its request cycle, in the order connections are evicted.
+enum Phase : int {
+  kClosing = 0,  // answered with an error, input drained until EOF or the linger deadline
+  kIdle = 1,     // nothing of a next request received (just accepted, or keep-alive)
+  kHead = 2,     // part of a request head received
+  kBody = 3,     // head checked, part of the body outstanding
+  kActive = 4,   // being answered or its response being written: never evicted
+};
 
 struct EventServer::Conn {
   int fd = -1;
   uint64_t id = 0;
+  Loop* loop = nullptr;
+  std::string client;      // the peer's address bytes (the per-client budget's key)
   bool busy = false;       // a handler thread is answering its request
   bool rejecting = false;  // past the connection limit: every request gets 503
   bool lingering = false;  // response sent, input drained and dropped until EOF or deadline
   bool close_after_write = false;
   bool continue_sent = false;
-  bool peer_closed = false;  // the client shut down its sending side
+  bool peer_closed = false;    // the client shut down its sending side
+  bool evict_pending = false;  // evicted while active: closes after the response
+  bool in_before_drain = false;       // the buffered input's first byte came before the drain
+  bool started_before_drain = false;  // the current request's first byte came before the drain
   int served = 0;
   std::string in;
   std::string out;
   size_t out_off = 0;
   size_t lingered = 0;
+  std::unique_ptr<RequestParser> parser;  // the request being received; null between requests
   int64_t last_progress_ms = 0;
+  int64_t head_deadline_ms = 0;  // the current head (or the first one, from the accept)
+  int64_t body_deadline_ms = 0;  // 0: not receiving a body
   int64_t linger_deadline_ms = 0;
+  // Written by the owning loop, read by Admit on any loop (under budget_mu_).
+  std::atomic<int> phase{kIdle};
+  std::atomic<int64_t> phase_since_ms{0};
+  // Guarded by budget_mu_: in admitted_ at index `slot` (false once evicted or closed).
+  bool admitted = false;
+  size_t slot = 0;
 };
 
 struct EventServer::Loop {
@@ -176,8 +162,14 @@ struct EventServer::Loop {
     bool head;
     bool close;
   };
+  // Connections of this loop that another loop's Admit chose to evict.
+  struct Eviction {
+    int fd;
+    uint64_t conn_id;
+  };
   std::mutex done_mu;
   std::vector<Done> done;
+  std::vector<Eviction> evictions;
 };
 
 struct EventServer::Job {
@@ -223,9 +215,14 @@ absl::StatusOr<std::unique_ptr<EventServer>> EventServer::Bind(const std::string
                                                                EventServerOptions options,
                                                                HttpMetrics* metrics,
                                                                RequestHandler handler) {
-  if (options.threads < 1 || options.max_connections < 1 || options.max_header_bytes < 64 ||
-      options.read_timeout_ms < 1 || options.write_timeout_ms < 1) {
+  if (options.threads < 1 || options.max_connections < 1 ||
+      options.max_connections_per_client < 1 || options.read_timeout_ms < 1 ||
+      options.header_timeout_ms < 1 || options.body_timeout_ms < 1 ||
+      options.write_timeout_ms < 1) {
     return absl::InvalidArgumentError("event server limits must be positive");
+  }
+  if (options.max_header_bytes < 64 || options.max_header_bytes > (64 << 10)) {
+    return absl::InvalidArgumentError("max_header_bytes must be 64 B .. 64 KiB");
   }
   std::unique_ptr<EventServer> s(new EventServer(options, metrics, std::move(handler)));
   addrinfo hints{};
@@ -344,10 +341,13 @@ void EventServer::PoolMain(Pool* pool) {
 
 void EventServer::Complete(Loop* loop) {
   std::vector<Loop::Done> done;
+  std::vector<Loop::Eviction> evictions;
   {
     std::lock_guard<std::mutex> lock(loop->done_mu);
     done.swap(loop->done);
+    evictions.swap(loop->evictions);
   }
+  for (const Loop::Eviction& e : evictions) Evict(loop, e.fd, e.conn_id);
   for (Loop::Done& d : done) {
     auto it = loop->conns.find(d.fd);
     if (it == loop->conns.end() || it->second->id != d.conn_id) continue;  // closed meanwhile
@@ -382,7 +382,8 @@ void EventServer::LoopMain(Loop* loop) {
       // Idle connections (nothing received of a next request, nothing to send) close now.
       std::vector<Conn*> idle;
       for (auto& [fd, c] : loop->conns) {
-        if (c->in.empty() && c->out_off >= c->out.size() && !c->lingering && !c->busy) {
+        if (c->in.empty() && c->parser == nullptr && c->out_off >= c->out.size() &&
+            !c->lingering && !c->busy) {
           idle.push_back(c.get());
         }
       }
@@ -431,7 +432,10 @@ void EventServer::LoopMain(Loop* loop) {
 
 void EventServer::Accept(Loop* loop) {
   for (;;) {
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_len,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -442,23 +446,29 @@ void EventServer::Accept(Loop* loop) {
       }
       return;  // EAGAIN: another loop took it
     }
+    const int64_t now = NowMs();
     auto c = std::make_unique<Conn>();
     c->fd = fd;
     c->id = next_conn_id_.fetch_add(1);
-    c->last_progress_ms = NowMs();
-    if (open_.load() >= options_.max_connections) {
-      // Turned away with a 503 to its first request; bounded too: past a second limit of the
-      // same size, closed at once.
+    c->loop = loop;
+    c->client = ClientKey(peer);
+    c->last_progress_ms = now;
+    c->head_deadline_ms = now + options_.header_timeout_ms;  // the first head, from the accept
+    SetPhase(c.get(), kIdle, now);
+    Loop* victim_loop = nullptr;
+    int victim_fd = -1;
+    uint64_t victim_id = 0;
+    if (!Admit(c.get(), &victim_loop, &victim_fd, &victim_id)) {
+      // Every connection in the budget is busy: turned away with a 503 to its first request;
+      // bounded too: past a second limit of the same size, closed at once.
+      metrics_->connections_rejected.fetch_add(1);
       if (rejected_.load() >= options_.max_connections) {
-        metrics_->connections_rejected.fetch_add(1);
         ::close(fd);
         continue;
       }
       c->rejecting = true;
       rejected_.fetch_add(1);
-      metrics_->connections_rejected.fetch_add(1);
     } else {
-      open_.fetch_add(1);
       metrics_->connections_open.fetch_add(1);
     }
     int one = 1;
@@ -469,7 +479,89 @@ void EventServer::Accept(Loop* loop) {
     Conn* raw = c.get();
     loop->conns.emplace(fd, std::move(c));
     if (::epoll_ctl(loop->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) Close(loop, raw);
+    if (victim_loop == loop) {
+      Evict(loop, victim_fd, victim_id);
+    } else if (victim_loop != nullptr) {
+      {
+        std::lock_guard<std::mutex> lock(victim_loop->done_mu);
+        victim_loop->evictions.push_back({victim_fd, victim_id});
+      }
+      uint64_t wake = 1;
+      ssize_t n = ::write(victim_loop->wake_fd, &wake, sizeof(wake));
+      (void)n;
+    }
   }
+}
+
+bool EventServer::Admit(Conn* c, Loop** victim_loop, int* victim_fd, uint64_t* victim_id) {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  // The cheapest connection to lose (see the header): lowest phase, then oldest in it.
+  auto pick = [this](const std::string* client) -> Conn* {
+    Conn* best = nullptr;
+    int best_phase = kActive;
+    int64_t best_since = 0;
+    for (Conn* x : admitted_) {
+      if (client != nullptr && x->client != *client) continue;
+      const int phase = x->phase.load(std::memory_order_relaxed);
+      const int64_t since = x->phase_since_ms.load(std::memory_order_relaxed);
+      if (phase >= kActive) continue;
+      if (best == nullptr || phase < best_phase || (phase == best_phase && since < best_since)) {
+        best = x;
+        best_phase = phase;
+        best_since = since;
+      }
+    }
+    return best;
+  };
+  auto held = per_client_.find(c->client);
+  const size_t mine = held == per_client_.end() ? 0 : held->second;
+  Conn* victim = nullptr;
+  if (mine >= options_.max_connections_per_client) {
+    victim = pick(&c->client);
+    if (victim == nullptr) return false;
+  } else if (admitted_.size() >= options_.max_connections) {
+    victim = pick(nullptr);
+    if (victim == nullptr) return false;
+  }
+  if (victim != nullptr) {
+    *victim_loop = victim->loop;
+    *victim_fd = victim->fd;
+    *victim_id = victim->id;
+    Unadmit(victim);
+    metrics_->connections_evicted.fetch_add(1);
+  }
+  c->admitted = true;
+  c->slot = admitted_.size();
+  admitted_.push_back(c);
+  ++per_client_[c->client];
+  return true;
+}
+
+void EventServer::Unadmit(Conn* c) {
+  Conn* last = admitted_.back();
+  admitted_[c->slot] = last;
+  last->slot = c->slot;
+  admitted_.pop_back();
+  auto it = per_client_.find(c->client);
+  if (--it->second == 0) per_client_.erase(it);
+  c->admitted = false;
+}
+
+void EventServer::Evict(Loop* loop, int fd, uint64_t id) {
+  auto it = loop->conns.find(fd);
+  if (it == loop->conns.end() || it->second->id != id) return;  // closed meanwhile
+  Conn* c = it->second.get();
+  if (c->busy || c->out_off < c->out.size()) {
+    // Became active after it was chosen: its response goes out, then it closes.
+    c->evict_pending = true;
+    return;
+  }
+  Close(loop, c);
+}
+
+void EventServer::SetPhase(Conn* c, int phase, int64_t since_ms) {
+  c->phase.store(phase, std::memory_order_relaxed);
+  c->phase_since_ms.store(since_ms, std::memory_order_relaxed);
 }
 
 void EventServer::Close(Loop* loop, Conn* c) {
@@ -478,8 +570,9 @@ void EventServer::Close(Loop* loop, Conn* c) {
   if (c->rejecting) {
     rejected_.fetch_sub(1);
   } else {
-    open_.fetch_sub(1);
     metrics_->connections_open.fetch_sub(1);
+    std::lock_guard<std::mutex> lock(budget_mu_);
+    if (c->admitted) Unadmit(c);
   }
   loop->conns.erase(c->fd);  // destroys *c
 }
@@ -495,6 +588,7 @@ void EventServer::OnEvent(Loop* loop, Conn* c, uint32_t events) {
   if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) == 0) return;
   char buf[kReadChunk];
   const size_t bound = options_.max_header_bytes + options_.max_body_bytes + kReadChunk;
+  const bool before_drain = !draining_.load();
   for (;;) {
     // Edge-triggered: read until EAGAIN, or until one request's worth is buffered (then
     // process it and come back for the rest).
@@ -511,6 +605,7 @@ void EventServer::OnEvent(Loop* loop, Conn* c, uint32_t events) {
           }
           continue;
         }
+        if (c->in.empty() && c->parser == nullptr) c->in_before_drain = before_drain;
         c->in.append(buf, static_cast<size_t>(n));
         if (c->in.size() > bound) {
           overfull = true;
@@ -565,7 +660,7 @@ bool EventServer::Flush(Loop* loop, Conn* c, bool then_process) {
   }
   c->out.clear();
   c->out_off = 0;
-  if (c->close_after_write) {
+  if (c->close_after_write || (c->evict_pending && !c->busy)) {
     if (c->lingering && !c->peer_closed) {
       // Half-close so the client sees the response end; drop its input until it closes.
       ::shutdown(c->fd, SHUT_WR);
@@ -575,7 +670,10 @@ bool EventServer::Flush(Loop* loop, Conn* c, bool then_process) {
     Close(loop, c);
     return false;
   }
-  // The response is out: a pipelined request may be waiting in the buffer.
+  // The response is out: idle until the next request's first byte (unless this was the
+  // interim 100 Continue of a request still arriving).
+  if (!c->busy && c->parser == nullptr) SetPhase(c, kIdle, NowMs());
+  // A pipelined request may be waiting in the buffer.
   if (then_process) {
     if (!Process(loop, c)) return false;
     if (c->peer_closed && !c->busy && c->out_off >= c->out.size()) {
@@ -593,7 +691,7 @@ void EventServer::Respond(Conn* c, const Reply& reply, bool head, bool close) {
       reply_closes = true;
     }
   }
-  close = close || reply_closes || c->peer_closed;
+  close = close || reply_closes || c->peer_closed || c->evict_pending;
   std::string& out = c->out;
   absl::StrAppend(&out, "HTTP/1.1 ", reply.status, " ", Reason(reply.status), "\r\n");
   absl::StrAppend(&out, "Content-Type: ", reply.content_type, "\r\n");
@@ -611,139 +709,70 @@ void EventServer::Respond(Conn* c, const Reply& reply, bool head, bool close) {
 bool EventServer::FailAndLinger(Loop* loop, Conn* c, const Reply& reply) {
   metrics_->Observe("unmatched", "-", reply.status, 0);
   c->in.clear();
+  c->parser.reset();
   c->lingering = true;
+  SetPhase(c, kClosing, 0);
   Respond(c, reply, /*head=*/false, /*close=*/true);
   return Flush(loop, c, /*then_process=*/false);
 }
 
 bool EventServer::Process(Loop* loop, Conn* c) {
-  while (!c->lingering && !c->busy && c->out_off >= c->out.size() && !c->in.empty()) {
-    size_t head_end = c->in.find("\r\n\r\n");
-    if (head_end == std::string::npos) {
-      if (c->in.size() > options_.max_header_bytes) {
-        return FailAndLinger(
-            loop, c,
-            ErrorReply(431, "headers_too_large",
-                       absl::StrCat("request head exceeds ", options_.max_header_bytes, " bytes")));
+  while (!c->lingering && !c->busy && !c->evict_pending && c->out_off >= c->out.size() &&
+         !c->in.empty()) {
+    const int64_t now = NowMs();
+    if (c->parser == nullptr) {
+      c->parser =
+          std::make_unique<RequestParser>(options_.max_header_bytes, options_.max_body_bytes);
+      c->started_before_drain = c->in_before_drain;
+      // A connection's first head is due header_timeout_ms after the accept; later ones after
+      // their first byte.
+      if (c->served > 0) c->head_deadline_ms = now + options_.header_timeout_ms;
+      SetPhase(c, kHead, now);
+    }
+    RequestParser& parser = *c->parser;
+    const RequestParser::State before = parser.state();
+    c->in.erase(0, parser.Put(c->in));
+    switch (parser.state()) {
+      case RequestParser::State::kFailed: {
+        const ParseError e = parser.error();
+        return FailAndLinger(loop, c, ErrorReply(e.status, e.code, e.message));
       }
-      return true;  // wait for more
-    }
-    if (head_end + 4 > options_.max_header_bytes) {
-      return FailAndLinger(
-          loop, c,
-          ErrorReply(431, "headers_too_large",
-                     absl::StrCat("request head exceeds ", options_.max_header_bytes, " bytes")));
-    }
-    // Request line.
-    absl::string_view head(c->in.data(), head_end);
-    size_t eol = head.find("\r\n");
-    absl::string_view line = head.substr(0, eol);
-    HttpRequest req;
-    size_t sp1 = line.find(' ');
-    size_t sp2 = sp1 == absl::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-    auto bad = [&](const std::string& why) {
-      return FailAndLinger(loop, c, ErrorReply(400, "bad_request", why));
-    };
-    if (sp1 == absl::string_view::npos || sp2 == absl::string_view::npos || sp1 == 0) {
-      return bad("malformed request line");
-    }
-    req.method = std::string(line.substr(0, sp1));
-    req.target = std::string(line.substr(sp1 + 1, sp2 - sp1 - 1));
-    absl::string_view version = line.substr(sp2 + 1);
-    if (!std::all_of(req.method.begin(), req.method.end(), IsTokenChar)) {
-      return bad("malformed method");
-    }
-    if (req.target.empty() || req.target[0] != '/' ||
-        req.target.find_first_of(" \t\r\n") != std::string::npos) {
-      return bad("request target must be an absolute path");
-    }
-    bool http11;
-    if (version == "HTTP/1.1") {
-      http11 = true;
-    } else if (version == "HTTP/1.0") {
-      http11 = false;
-    } else {
-      return bad("only HTTP/1.0 and HTTP/1.1 are served");
-    }
-    // Headers.
-    bool keep_alive = http11;
-    bool has_length = false, chunked = false, expect_continue = false;
-    uint64_t content_length = 0;
-    size_t pos = eol == absl::string_view::npos ? head.size() : eol + 2;
-    while (pos < head.size()) {
-      size_t end = head.find("\r\n", pos);
-      if (end == absl::string_view::npos) end = head.size();
-      absl::string_view h = head.substr(pos, end - pos);
-      pos = end + 2;
-      size_t colon = h.find(':');
-      if (colon == absl::string_view::npos || colon == 0 || h[0] == ' ' || h[0] == '\t') {
-        return bad("malformed header line");
-      }
-      absl::string_view name = h.substr(0, colon);
-      if (!std::all_of(name.begin(), name.end(), IsTokenChar)) return bad("malformed header name");
-      absl::string_view value = absl::StripAsciiWhitespace(h.substr(colon + 1));
-      if (absl::EqualsIgnoreCase(name, "Content-Length")) {
-        uint64_t v = 0;
-        if (has_length || value.empty() ||
-            !std::all_of(value.begin(), value.end(),
-                         [](char ch) { return ch >= '0' && ch <= '9'; }) ||
-            !absl::SimpleAtoi(value, &v)) {
-          return bad("malformed or repeated Content-Length");
+      case RequestParser::State::kHead:
+        return true;  // wait for the rest of the head
+      case RequestParser::State::kBody:
+        if (before == RequestParser::State::kHead) {
+          c->body_deadline_ms = now + options_.body_timeout_ms;
+          SetPhase(c, kBody, now);
+          if (parser.expect_continue() && !c->continue_sent) {
+            c->continue_sent = true;
+            c->out = "HTTP/1.1 100 Continue\r\n\r\n";
+            c->out_off = 0;
+            return Flush(loop, c, /*then_process=*/false);
+          }
         }
-        has_length = true;
-        content_length = v;
-      } else if (absl::EqualsIgnoreCase(name, "Transfer-Encoding")) {
-        chunked = true;
-      } else if (absl::EqualsIgnoreCase(name, "Connection")) {
-        const std::string lower = absl::AsciiStrToLower(value);
-        if (absl::StrContains(lower, "close")) keep_alive = false;
-        if (absl::StrContains(lower, "keep-alive")) keep_alive = true;
-      } else if (absl::EqualsIgnoreCase(name, "Host")) {
-        req.host = std::string(value);
-      } else if (absl::EqualsIgnoreCase(name, "Authorization")) {
-        req.authorization = std::string(value);
-      } else if (absl::EqualsIgnoreCase(name, "Content-Type")) {
-        req.content_type = std::string(value);
-      } else if (absl::EqualsIgnoreCase(name, "Expect")) {
-        if (absl::EqualsIgnoreCase(value, "100-continue")) expect_continue = true;
-      }
+        return true;  // wait for the rest of the body
+      case RequestParser::State::kDone:
+        break;
     }
-    if (chunked) {
-      // Chunked bodies are not bounded by Content-Length: refused before they are read.
-      return FailAndLinger(
-          loop, c,
-          ErrorReply(411, "length_required",
-                     "chunked request bodies are not accepted; send Content-Length"));
-    }
-    if (content_length > options_.max_body_bytes) {
-      return FailAndLinger(
-          loop, c,
-          ErrorReply(413, "payload_too_large",
-                     absl::StrCat("request body of ", content_length,
-                                  " bytes exceeds the limit of ", options_.max_body_bytes)));
-    }
-    const size_t total = head_end + 4 + static_cast<size_t>(content_length);
-    if (c->in.size() < total) {
-      if (expect_continue && !c->continue_sent && c->in.size() == head_end + 4) {
-        c->continue_sent = true;
-        c->out = "HTTP/1.1 100 Continue\r\n\r\n";
-        c->out_off = 0;
-        return Flush(loop, c, /*then_process=*/false);
-      }
-      return true;  // wait for the rest of the body
-    }
-    req.body = c->in.substr(head_end + 4, static_cast<size_t>(content_length));
-    c->in.erase(0, total);
+    HttpRequest req = parser.TakeRequest();
+    const bool keep_alive = parser.keep_alive();
+    c->parser.reset();
     c->continue_sent = false;
-    size_t q = req.target.find('?');
-    if (q != std::string::npos) req.query = ParseQueryString(req.target.substr(q + 1));
+    c->body_deadline_ms = 0;
     ++c->served;
-    bool close = !keep_alive || c->served >= options_.keep_alive_max_requests || draining_.load() ||
-                 c->rejecting;
+    SetPhase(c, kActive, now);
+    const bool draining = draining_.load();
+    bool close =
+        !keep_alive || c->served >= options_.keep_alive_max_requests || draining || c->rejecting;
     const bool head_only = req.method == "HEAD";
     Reply reply;
     if (c->rejecting) {
       reply = ErrorReply(503, "unavailable", "too many connections; retry later");
+      reply.headers.emplace_back("Retry-After", "1");
+      metrics_->Observe("unmatched", req.method, 503, 0);
+    } else if (draining && !c->started_before_drain) {
+      // Requests already started when the drain began finish; later ones are turned away.
+      reply = ErrorReply(503, "unavailable", "server is shutting down");
       reply.headers.emplace_back("Retry-After", "1");
       metrics_->Observe("unmatched", req.method, 503, 0);
     } else if (req.method != "GET" && req.method != "HEAD") {
@@ -766,24 +795,45 @@ bool EventServer::Process(Loop* loop, Conn* c) {
 
 void EventServer::CheckDeadlines(Loop* loop) {
   const int64_t now = NowMs();
-  std::vector<Conn*> expired;
+  std::vector<Conn*> expired;    // closed without a response
+  std::vector<Conn*> timed_out;  // a head or body past its deadline: 408, then closed
   for (auto& [fd, c] : loop->conns) {
-    int64_t limit;
     if (c->busy) continue;  // its handler is running: the request is not the client's to finish
     if (c->lingering && c->out_off >= c->out.size()) {
       if (now >= c->linger_deadline_ms) expired.push_back(c.get());
       continue;
     }
     if (c->out_off < c->out.size()) {
-      limit = options_.write_timeout_ms;
-    } else if (c->in.empty() && c->served > 0) {
-      limit = options_.keep_alive_timeout_ms;  // idle between requests
-    } else {
-      limit = options_.read_timeout_ms;  // waiting for (the rest of) a request
+      if (now - c->last_progress_ms >= options_.write_timeout_ms) expired.push_back(c.get());
+      continue;
     }
-    if (now - c->last_progress_ms >= limit) expired.push_back(c.get());
+    const bool receiving = c->parser != nullptr || !c->in.empty();
+    if (!receiving && c->served > 0) {
+      // Idle between requests.
+      if (now - c->last_progress_ms >= options_.keep_alive_timeout_ms) expired.push_back(c.get());
+      continue;
+    }
+    if (now - c->last_progress_ms >= options_.read_timeout_ms) {
+      expired.push_back(c.get());  // no progress at all
+    } else if (!receiving) {
+      // Accepted and silent: its first head is due header_timeout_ms after the accept.
+      if (now >= c->head_deadline_ms) expired.push_back(c.get());
+    } else if (c->body_deadline_ms != 0 ? now >= c->body_deadline_ms
+                                        : now >= c->head_deadline_ms) {
+      timed_out.push_back(c.get());
+    }
   }
   for (Conn* c : expired) Close(loop, c);
+  for (Conn* c : timed_out) {
+    metrics_->requests_timed_out.fetch_add(1);
+    const bool body = c->body_deadline_ms != 0;
+    FailAndLinger(loop, c,
+                  ErrorReply(408, "request_timeout",
+                             body ? absl::StrCat("request body not received within ",
+                                                 options_.body_timeout_ms, " ms")
+                                  : absl::StrCat("request head not received within ",
+                                                 options_.header_timeout_ms, " ms")));
+  }
 }
 
 }  // namespace loradb::http

@@ -69,6 +69,16 @@ void HttpMetrics::Render(std::string* out) const {
                   "because the connection limit was reached.\n",
                   "# TYPE loradb_http_connections_rejected_total counter\n",
                   "loradb_http_connections_rejected_total ", connections_rejected.load(), "\n");
+  absl::StrAppend(out,
+                  "# HELP loradb_http_connections_evicted_total Idle or unfinished connections "
+                  "closed to make room for a new one.\n",
+                  "# TYPE loradb_http_connections_evicted_total counter\n",
+                  "loradb_http_connections_evicted_total ", connections_evicted.load(), "\n");
+  absl::StrAppend(out,
+                  "# HELP loradb_http_requests_timed_out_total Requests whose head or body "
+                  "missed its deadline (408, connection closed).\n",
+                  "# TYPE loradb_http_requests_timed_out_total counter\n",
+                  "loradb_http_requests_timed_out_total ", requests_timed_out.load(), "\n");
 }
 
 }  // namespace loradb::http

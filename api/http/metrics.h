@@ -15,7 +15,7 @@
 namespace loradb::http {
 
 // Thread-safe counters: requests by (route, method, status), a latency histogram per route,
-// in-flight requests, open connections, connections turned away.
+// in-flight requests, open connections, connections turned away, evicted or timed out.
 class HttpMetrics {
  public:
   // Upper bounds (seconds) of the latency histogram buckets; +Inf is implicit.
@@ -28,6 +28,10 @@ class HttpMetrics {
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> connections_open{0};
   std::atomic<uint64_t> connections_rejected{0};
+  // Idle or unfinished connections closed to make room for a new one (see event_server.h).
+  std::atomic<uint64_t> connections_evicted{0};
+  // Connections closed because a request head or body missed its deadline.
+  std::atomic<uint64_t> requests_timed_out{0};
 
   // Appends the metrics in Prometheus text format to `out`.
   void Render(std::string* out) const;

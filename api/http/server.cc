@@ -1,7 +1,6 @@
 #include "api/http/server.h"
 
 #include <arpa/inet.h>
-#include <httplib.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -23,11 +22,6 @@
 
 namespace loradb::http {
 namespace {
-
-constexpr int kListenBacklog = 1024;
-
-// Set on the threads that answer connections past the connection limit.
-thread_local bool tls_rejecting = false;
 
 bool IsMutating(const std::string& method) { return method != "GET" && method != "HEAD"; }
 
@@ -56,80 +50,8 @@ bool HostHeaderAllowed(const std::string& host_header) {
 
 }  // namespace
 
-// A bounded connection pool for httplib: `workers` threads serve connections, at most
-// `max_queued` accepted connections wait. Past that, connections go to `reject_threads` threads
-// that answer every request with 503 (tls_rejecting); when those are also full, the accept loop
-// blocks, leaving new connections in the kernel's listen backlog.
-class ConnectionPool : public httplib::TaskQueue {
- public:
-  ConnectionPool(size_t workers, size_t max_queued, size_t reject_threads, HttpMetrics* metrics)
-      : max_queued_(max_queued), metrics_(metrics) {
-    for (size_t i = 0; i < workers; ++i) threads_.emplace_back([this] { Work(false); });
-    for (size_t i = 0; i < reject_threads; ++i) threads_.emplace_back([this] { Work(true); });
-  }
-
-  void enqueue(std::function<void()> fn) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      if (shutdown_ || queue_.size() < max_queued_) {
-        queue_.push_back(std::move(fn));
-        work_cv_.notify_one();
-        return;
-      }
-      if (reject_queue_.size() < max_queued_) {
-        reject_queue_.push_back(std::move(fn));
-        metrics_->connections_rejected.fetch_add(1);
-        reject_cv_.notify_one();
-        return;
-      }
-      space_cv_.wait(lock);
-    }
-  }
-
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      shutdown_ = true;
-    }
-    work_cv_.notify_all();
-    reject_cv_.notify_all();
-    space_cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-
- private:
-  void Work(bool rejecting) {
-    tls_rejecting = rejecting;
-    auto& queue = rejecting ? reject_queue_ : queue_;
-    auto& cv = rejecting ? reject_cv_ : work_cv_;
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv.wait(lock, [&] { return !queue.empty() || shutdown_; });
-        if (queue.empty()) return;
-        fn = std::move(queue.front());
-        queue.pop_front();
-      }
-      space_cv_.notify_one();
-      if (!rejecting) metrics_->connections_open.fetch_add(1);
-      fn();
-      if (!rejecting) metrics_->connections_open.fetch_sub(1);
-    }
-  }
-
-  const size_t max_queued_;
-  HttpMetrics* metrics_;
-  std::mutex mu_;
-  std::condition_variable work_cv_, reject_cv_, space_cv_;
-  std::deque<std::function<void()>> queue_, reject_queue_;
-  bool shutdown_ = false;
-  std::vector<std::thread> threads_;
-};
-
 struct Server::Impl {
-  httplib::Server svr;
-  std::unique_ptr<EventServer> event;  // the kEventLoop engine, once bound
+  std::unique_ptr<EventServer> event;  // once bound
   std::mutex drain_mu;
   std::condition_variable drain_cv;
   bool serving = false;
@@ -194,9 +116,7 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
 
 Server::Server(ServerOptions options) : options_(std::move(options)), impl_(new Impl) {}
 
-Server::~Server() {
-  if (impl_->svr.is_running()) impl_->svr.stop();
-}
+Server::~Server() = default;
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   bool loopback = IsLoopbackHost(options.host);
@@ -207,11 +127,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   if (options.auth_reads && options.token.empty()) {
     return absl::InvalidArgumentError("--auth-reads needs --token-file");
   }
-  if (options.worker_threads < 1 || options.max_queued_connections < 1 ||
+  if (options.max_connections < 1 || options.max_connections_per_client < 1 ||
       options.handler_threads < 1 || options.event_threads < 0 || options.blocking_threads < 0 ||
-      options.reject_threads < 1 || options.read_timeout_ms < 1 || options.write_timeout_ms < 1 ||
-      options.max_body_bytes < 1) {
+      options.read_timeout_ms < 1 || options.header_timeout_ms < 1 ||
+      options.body_timeout_ms < 1 || options.write_timeout_ms < 1 || options.max_body_bytes < 1) {
     return absl::InvalidArgumentError("server limits must be positive");
+  }
+  if (options.max_header_bytes < 64 || options.max_header_bytes > (64 << 10)) {
+    return absl::InvalidArgumentError("max_header_bytes must be 64 B .. 64 KiB");
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
   server->loopback_ = loopback;
@@ -225,100 +148,6 @@ void Server::AddMetricsSource(std::function<void(std::string*)> source) {
 }
 
 absl::Status Server::Bind() {
-  if (options_.engine == ServerEngine::kEventLoop) return BindEventLoop();
-  httplib::Server& svr = impl_->svr;
-  svr.set_payload_max_length(options_.max_body_bytes);
-  // Headers and body go out in separate writes; without TCP_NODELAY, Nagle + delayed ACK add
-  // ~40 ms to every keep-alive response.
-  svr.set_tcp_nodelay(true);
-  svr.set_read_timeout(options_.read_timeout_ms / 1000, (options_.read_timeout_ms % 1000) * 1000);
-  svr.set_write_timeout(options_.write_timeout_ms / 1000,
-                        (options_.write_timeout_ms % 1000) * 1000);
-  svr.set_keep_alive_timeout(options_.keep_alive_timeout_s);
-  svr.set_keep_alive_max_count(static_cast<size_t>(options_.keep_alive_max_requests));
-  HttpMetrics* metrics = &metrics_;
-  const ServerOptions opts = options_;
-  svr.new_task_queue = [metrics, opts] {
-    return new ConnectionPool(static_cast<size_t>(opts.worker_threads),
-                              static_cast<size_t>(opts.max_queued_connections),
-                              static_cast<size_t>(opts.reject_threads), metrics);
-  };
-  auto handler = [this](const httplib::Request& req, httplib::Response& res) {
-    double start =
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    std::multimap<std::string, std::string> query(req.params.begin(), req.params.end());
-    std::string route = "unmatched";
-    Reply reply = Dispatch(req.method, req.target, req.get_header_value("Host"),
-                           req.get_header_value("Authorization"), std::move(query), req.body,
-                           req.get_header_value("Content-Type"), &route);
-    res.status = reply.status;
-    for (auto& [k, v] : reply.headers) res.set_header(k, v);
-    res.set_header("Cache-Control", "no-store");
-    res.set_header("X-Content-Type-Options", "nosniff");
-    res.set_content(std::move(reply.body), reply.content_type.c_str());
-    double end =
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    metrics_.Observe(route, req.method, res.status, end - start);
-  };
-  // httplib 0.11 enforces payload_max_length only for Content-Length bodies, not chunked ones,
-  // so chunked request bodies are refused before they are read (411: send Content-Length).
-  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!req.has_header("Transfer-Encoding")) return httplib::Server::HandlerResponse::Unhandled;
-    Reply r = ErrorReply(411, "length_required",
-                         "chunked request bodies are not accepted; send Content-Length");
-    r.headers.emplace_back("Connection", "close");
-    res.status = r.status;
-    for (auto& [k, v] : r.headers) res.set_header(k, v);
-    res.set_content(r.body, r.content_type.c_str());
-    metrics_.Observe("unmatched", req.method, r.status, 0);
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  svr.Get(".*", handler);
-  svr.Post(".*", handler);
-  svr.Put(".*", handler);
-  svr.Patch(".*", handler);
-  svr.Delete(".*", handler);
-  // Responses httplib produces itself (413 body too large, 400 malformed request, 414 URI too
-  // long) get the JSON error shape too.
-  svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string code = res.status == 413   ? "payload_too_large"
-                       : res.status == 414 ? "uri_too_long"
-                       : res.status == 431 ? "headers_too_large"
-                       : res.status == 404 ? "not_found"
-                                           : "bad_request";
-    Reply r =
-        ErrorReply(res.status, code,
-                   absl::StrCat("request rejected by the HTTP layer (status ", res.status, ")"));
-    res.set_content(r.body, r.content_type.c_str());
-  });
-  // The compiled cpp-httplib listens with a backlog of 5, too small for 64 clients connecting
-  // at once; keep the listening socket's fd (the socket-options hook sees it) and listen again
-  // with a larger backlog once bound.
-  int listen_fd = -1;
-  svr.set_socket_options([&listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd = sock;
-  });
-  int port = options_.port;
-  if (port == 0) {
-    port = svr.bind_to_any_port(options_.host);
-    if (port < 0) {
-      return absl::UnavailableError(absl::StrCat("cannot bind ", options_.host, ":0"));
-    }
-  } else if (!svr.bind_to_port(options_.host, port)) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot bind ", options_.host, ":", port, " (in use or not permitted)"));
-  }
-  svr.set_socket_options(httplib::default_socket_options);  // drop the reference to listen_fd
-  port_ = port;
-  if (listen_fd >= 0 && ::listen(listen_fd, kListenBacklog) != 0) {
-    return absl::InternalError(absl::StrCat("listen(backlog ", kListenBacklog, ") failed"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Server::BindEventLoop() {
   EventServerOptions eo;
   unsigned hw = std::thread::hardware_concurrency();
   eo.threads = options_.event_threads > 0
@@ -328,11 +157,13 @@ absl::Status Server::BindEventLoop() {
   eo.blocking_threads = options_.blocking_threads;
   // Routes may still be added until Serve; MayBlock reads the table only once serving.
   eo.blocking = [this](const HttpRequest& req) { return router_.MayBlock(req.target); };
-  eo.max_connections = static_cast<size_t>(options_.worker_threads) +
-                       static_cast<size_t>(options_.max_queued_connections);
+  eo.max_connections = static_cast<size_t>(options_.max_connections);
+  eo.max_connections_per_client = static_cast<size_t>(options_.max_connections_per_client);
   eo.max_header_bytes = options_.max_header_bytes;
   eo.max_body_bytes = options_.max_body_bytes;
   eo.read_timeout_ms = options_.read_timeout_ms;
+  eo.header_timeout_ms = options_.header_timeout_ms;
+  eo.body_timeout_ms = options_.body_timeout_ms;
   eo.write_timeout_ms = options_.write_timeout_ms;
   eo.keep_alive_timeout_ms = options_.keep_alive_timeout_s * 1000;
   eo.keep_alive_max_requests = options_.keep_alive_max_requests;
@@ -360,26 +191,15 @@ absl::Status Server::Serve() {
   {
     std::lock_guard<std::mutex> lock(impl_->drain_mu);
     if (draining_.load()) return absl::OkStatus();
-    impl_->serving = true;
-  }
-  if (options_.engine == ServerEngine::kEventLoop) {
     if (impl_->event == nullptr) {
-      std::lock_guard<std::mutex> lock(impl_->drain_mu);
-      impl_->serving = false;
       return absl::FailedPreconditionError("Serve called before a successful Bind");
     }
-    impl_->event->Run();
-    std::lock_guard<std::mutex> lock(impl_->drain_mu);
-    impl_->serving = false;
-    impl_->drain_cv.notify_all();
-    return absl::OkStatus();
+    impl_->serving = true;
   }
-  bool ok = impl_->svr.listen_after_bind();
-  {
-    std::lock_guard<std::mutex> lock(impl_->drain_mu);
-    impl_->serving = false;
-  }
-  if (!ok && !draining_.load()) return absl::InternalError("HTTP server stopped unexpectedly");
+  impl_->event->Run();
+  std::lock_guard<std::mutex> lock(impl_->drain_mu);
+  impl_->serving = false;
+  impl_->drain_cv.notify_all();
   return absl::OkStatus();
 }
 
@@ -387,28 +207,11 @@ void Server::Shutdown() {
   draining_.store(true);
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
-  if (options_.engine == ServerEngine::kEventLoop) {
-    // The loops stop accepting, close idle connections and finish the requests already
-    // started (answering 503 to new ones on open connections) until the deadline.
-    if (impl_->event != nullptr) impl_->event->Drain(deadline);
-    std::unique_lock<std::mutex> lock(impl_->drain_mu);
-    impl_->drain_cv.wait(lock, [&] { return !impl_->serving; });
-    return;
-  }
-  {
-    std::unique_lock<std::mutex> lock(impl_->drain_mu);
-    impl_->drain_cv.wait_until(lock, deadline, [&] { return metrics_.in_flight.load() == 0; });
-  }
-  // Serve may be between its draining check and httplib's running flag; stop() is a no-op
-  // until that flag is set, so keep stopping until Serve has returned.
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(impl_->drain_mu);
-      if (!impl_->serving) return;
-    }
-    if (impl_->svr.is_running()) impl_->svr.stop();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // The loops stop accepting, close idle connections and finish the requests already started
+  // (answering 503 to requests started later) until the deadline.
+  if (impl_->event != nullptr) impl_->event->Drain(deadline);
+  std::unique_lock<std::mutex> lock(impl_->drain_mu);
+  impl_->drain_cv.wait(lock, [&] { return !impl_->serving; });
 }
 
 Reply Server::Dispatch(const std::string& method, const std::string& target,
@@ -425,18 +228,6 @@ Reply Server::Dispatch(const std::string& method, const std::string& target,
       }
     }
   } in_flight(this);
-  if (tls_rejecting) {
-    Reply r = ErrorReply(503, "unavailable", "too many connections; retry later");
-    r.headers.emplace_back("Retry-After", "1");
-    r.headers.emplace_back("Connection", "close");
-    return r;
-  }
-  if (draining_.load()) {
-    Reply r = ErrorReply(503, "unavailable", "server is shutting down");
-    r.headers.emplace_back("Retry-After", "1");
-    r.headers.emplace_back("Connection", "close");
-    return r;
-  }
   if (loopback_ && !HostHeaderAllowed(host_header)) {
     return ErrorReply(403, "permission_denied",
                       "Host header must name a loopback address on a loopback listener");
@@ -457,11 +248,15 @@ Reply Server::Dispatch(const std::string& method, const std::string& target,
       return ErrorReply(401, "unauthenticated",
                         "mutating calls need the server to be started with --token-file");
     }
-    constexpr absl::string_view kBearer = "Bearer ";
-    if (!absl::StartsWith(authorization, kBearer)) {
+    // credentials = auth-scheme 1*SP token68; the scheme is case-insensitive (RFC 9110 11.1).
+    const size_t space = authorization.find(' ');
+    if (space == std::string::npos ||
+        !absl::EqualsIgnoreCase(absl::string_view(authorization).substr(0, space), "Bearer")) {
       return ErrorReply(401, "unauthenticated", "missing bearer token (Authorization: Bearer ...)");
     }
-    if (!ConstantTimeEquals(authorization.substr(kBearer.size()), options_.token)) {
+    const size_t token_start = authorization.find_first_not_of(' ', space);
+    if (token_start == std::string::npos ||
+        !ConstantTimeEquals(authorization.substr(token_start), options_.token)) {
       return ErrorReply(403, "permission_denied", "wrong bearer token");
     }
   }

@@ -19,25 +19,16 @@
 
 namespace loradb::http {
 
-// How connections are served.
-enum class ServerEngine {
-  // A few event-loop threads (epoll, non-blocking sockets, keep-alive); the connection limit is
-  // worker_threads + max_queued_connections. The default.
-  kEventLoop,
-  // cpp-httplib with one worker thread per connection (worker_threads), max_queued_connections
-  // waiting, and reject_threads answering 503 past that (the engine of the first version).
-  kThreads,
-};
-
+// Connections are served by the event-loop engine (event_server.h): a few loop threads, pools
+// for mutating calls and blocking reads, and the limits below.
 struct ServerOptions {
-  ServerEngine engine = ServerEngine::kEventLoop;
-  // kEventLoop: loop threads (0: one per hardware thread, 2..8).
+  // Loop threads (0: one per hardware thread, 2..8).
   int event_threads = 0;
-  // kEventLoop: threads answering mutating calls (durable commits, adapter loads) off the
+  // Threads answering mutating calls (durable commits, adapter loads) off the
   // loops. They block in I/O, and concurrent catalog commits overlap (alias moves under 64
   // connections: ~190 req/s with 4, ~850 with 64; see BENCHMARKS.md), so there are many.
   int handler_threads = 64;
-  // kEventLoop: threads answering the GETs of routes marked `blocking` (blob reads) off the
+  // Threads answering the GETs of routes marked `blocking` (blob reads) off the
   // loops, so a slow disk read never stalls the other connections of a loop. 0: on the loops.
   int blocking_threads = 4;
   std::string host = "127.0.0.1";
@@ -47,13 +38,14 @@ struct ServerOptions {
   std::string token;
   bool auth_reads = false;
   size_t max_body_bytes = 1 << 20;     // larger bodies get 413
-  size_t max_header_bytes = 16 << 10;  // kEventLoop: larger request heads get 431
-  // kThreads: connections served at once / accepted connections waiting for a worker;
-  // kEventLoop: the connection limit is their sum.
-  int worker_threads = 64;
-  int max_queued_connections = 64;
-  int reject_threads = 2;      // answer 503 to connections past the limits above
-  int read_timeout_ms = 5000;  // per read; bounds how long a slow client holds a worker
+  size_t max_header_bytes = 16 << 10;  // larger request heads get 431 (at most 64 KiB)
+  // Open connections at once, and from one client address; past either, the engine evicts an
+  // idle or unfinished connection, or answers 503 when all are busy (event_server.h).
+  int max_connections = 128;
+  int max_connections_per_client = 64;
+  int read_timeout_ms = 5000;     // a request making no progress for this long is closed
+  int header_timeout_ms = 10000;  // a whole request head (408 past it)
+  int body_timeout_ms = 60000;    // a whole request body, from the end of its head (408)
   int write_timeout_ms = 5000;
   int keep_alive_timeout_s = 5;
   int keep_alive_max_requests = 1000;
@@ -68,8 +60,6 @@ bool IsLoopbackHost(const std::string& host);
 // Reads a token file: the first line, surrounding whitespace removed. InvalidArgument when it is
 // shorter than 16 bytes or has control characters; the errno status when unreadable.
 [[nodiscard]] absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
-
-class ConnectionPool;
 
 // Thread safety: Bind/Serve are called once, from one thread; Shutdown may be called from any
 // thread (typically a signal-waiting thread) at any time, also before Serve.
@@ -93,8 +83,9 @@ class Server {
   // Serves until Shutdown; returns once every worker has finished.
   [[nodiscard]] absl::Status Serve();
 
-  // Graceful shutdown: new requests get 503, requests already being handled finish (up to
-  // drain_timeout_ms), then the listening socket closes and Serve returns.
+  // Graceful shutdown: the listening socket closes, idle connections close, requests already
+  // started (their first byte arrived) finish with Connection: close, requests started later
+  // get 503, all up to drain_timeout_ms; then Serve returns.
   void Shutdown();
   bool draining() const { return draining_.load(); }
 
@@ -104,7 +95,6 @@ class Server {
   explicit Server(ServerOptions options);
   struct Impl;
   absl::Status AddSystemRoutes();
-  absl::Status BindEventLoop();
   Reply Dispatch(const std::string& method, const std::string& target,
                  const std::string& host_header, const std::string& authorization,
                  std::multimap<std::string, std::string> query, std::string body,

@@ -16,7 +16,8 @@ double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 class TierApi {
  public:
-  explicit TierApi(std::shared_ptr<tiers::StoreTiers> t) : tiers_(std::move(t)) {}
+  explicit TierApi(std::shared_ptr<Store> store)
+      : store_(store), tiers_(std::move(store), store_->tiers()) {}
   ~TierApi() {
     std::lock_guard<std::mutex> lock(mu_);
     pins_.clear();  // leases release before the tiers go
@@ -138,6 +139,8 @@ class TierApi {
 
   absl::StatusOr<Reply> GetPlace(const Call& call) const {
     LORADB_ASSIGN_OR_RETURN(uint64_t id, Id(call));
+    // A revision the catalog does not know has no place (NotFound -> 404), deleted ones do.
+    LORADB_RETURN_IF_ERROR(store_->GetRevision(id).status());
     return Reply::Json(Place(id));
   }
 
@@ -222,15 +225,20 @@ class TierApi {
   }
 
  private:
-  std::shared_ptr<tiers::StoreTiers> tiers_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<tiers::StoreTiers> tiers_;  // store_'s tiers (aliasing store_'s ownership)
   mutable std::mutex mu_;
   std::map<uint64_t, tiers::CpuLease> pins_;
 };
 
 }  // namespace
 
-absl::Status AddTierRoutes(std::shared_ptr<tiers::StoreTiers> t, Server* server) {
-  auto api = std::make_shared<TierApi>(std::move(t));
+absl::Status AddTierRoutes(std::shared_ptr<Store> store, Server* server) {
+  if (store == nullptr || store->tiers() == nullptr) {
+    return absl::FailedPreconditionError(
+        "the tier routes need a Store opened with tiers (StoreOptions::tiers)");
+  }
+  auto api = std::make_shared<TierApi>(std::move(store));
   Router* r = server->router();
   json place = {
       {"type", "object"},

@@ -11,9 +11,10 @@
 
 namespace loradb::http {
 
-// Adds the routes and a /metrics source. The routes share ownership of `tiers`; pins taken
+// Adds the routes and a /metrics source over the tiers `store` owns (StoreOptions::tiers;
+// FailedPrecondition when it has none). The routes share ownership of `store`; pins taken
 // through the API are released when the server (its routes) is destroyed.
-[[nodiscard]] absl::Status AddTierRoutes(std::shared_ptr<tiers::StoreTiers> tiers, Server* server);
+[[nodiscard]] absl::Status AddTierRoutes(std::shared_ptr<Store> store, Server* server);
 
 }  // namespace loradb::http
 

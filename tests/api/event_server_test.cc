@@ -1,7 +1,9 @@
 // The event-loop engine of the HTTP endpoint, driven over raw loopback sockets: keep-alive and
 // pipelining, HEAD, query decoding, every limit (head 431, body 413 with a lingering close,
-// chunked 411, malformed 400, connection count 503), the read timeout for silent clients, and
-// the drain finishing a request that was half received when shutdown began.
+// chunked 411, malformed and ambiguous heads 400 as RFC 9112 asks), the connection budget
+// (evicting idle and trickling connections, 503 when all are busy, the per-client cap), the
+// head and body deadlines, the read timeout for silent clients, and the drain finishing a
+// request that was half received when shutdown began.
 #include "api/http/event_server.h"
 
 #include <arpa/inet.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -32,7 +35,6 @@ class EventServerTest : public ::testing::Test {
     options.host = "127.0.0.1";
     options.port = 0;
     options.token = "test-token-0123456789";
-    options.engine = ServerEngine::kEventLoop;
     if (options.event_threads == 0) options.event_threads = 2;
     auto server = Server::Create(options);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -56,7 +58,7 @@ class EventServerTest : public ::testing::Test {
     ASSERT_TRUE(server_->router()
                     ->Add(MakeRoute("POST", "/block",
                                     [this](const Call&) -> absl::StatusOr<Reply> {
-                                      unblock_.get_future().wait();
+                                      unblocked_future_.wait();
                                       return Reply::Json({{"unblocked", true}});
                                     },
                                     {}))
@@ -87,8 +89,15 @@ class EventServerTest : public ::testing::Test {
     }
   }
 
-  int Connect() {
+  // A connection to the server from `source` (any 127.x address: each is a distinct client).
+  int Connect(const char* source = nullptr) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (source != nullptr) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &local.sin_addr);
+      EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)), 0);
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
@@ -132,6 +141,13 @@ class EventServerTest : public ::testing::Test {
     }
   }
 
+  // True when the server closed `fd` without sending anything (false on data or a 30 s timeout).
+  static bool ClosedByServer(int fd) {
+    char b;
+    ssize_t n = ::recv(fd, &b, 1, 0);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+  }
+
   // Everything until the peer closes (or the 30 s receive timeout).
   static std::string ReadToClose(int fd) {
     std::string buf;
@@ -143,12 +159,51 @@ class EventServerTest : public ::testing::Test {
     }
   }
 
+  // A new connection gets 200 for /healthz.
+  void ExpectHealthz() {
+    int fd = Connect();
+    Send(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    EXPECT_TRUE(absl::StartsWith(ReadResponses(fd, 1), "HTTP/1.1 200"));
+    ::close(fd);
+  }
+
+  // A request on a new connection; everything until the server closes it.
+  std::string FreshRequest(const std::string& request) {
+    int fd = Connect();
+    Send(fd, request);
+    std::string r = ReadToClose(fd);
+    ::close(fd);
+    return r;
+  }
+
+  // Sends `data` one byte every 20 ms until the server answers or closes (bounded by the
+  // data); returns what the server sent until it closed.
+  static std::string Trickle(int fd, const std::string& data) {
+    for (char ch : data) {
+      char probe;
+      ssize_t n = ::recv(fd, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n >= 0) break;  // an answer, or EOF
+      if (::send(fd, &ch, 1, MSG_NOSIGNAL) != 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return ReadToClose(fd);
+  }
+
+  // Waits (ordering only) until the server has accepted `n` connections into its budget.
+  void WaitForOpenConnections(int64_t n) {
+    for (int i = 0; i < 2000 && server_->metrics().connections_open.load() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(server_->metrics().connections_open.load(), n);
+  }
+
   void ReleaseSlow() {
     if (!slow_released_) slow_release_promise_.set_value();
     slow_released_ = true;
   }
 
   std::promise<void> unblock_;
+  std::shared_future<void> unblocked_future_ = unblock_.get_future().share();
   bool unblocked_ = false;
   std::promise<void> slow_started_;  // set by the first /slow call
   std::atomic<bool> slow_started_once_{false};
@@ -159,6 +214,12 @@ class EventServerTest : public ::testing::Test {
   std::thread thread_;
   absl::Status serve_status_;
 };
+
+// A string literal with its embedded NULs.
+template <size_t N>
+std::string Raw(const char (&s)[N]) {
+  return std::string(s, N - 1);
+}
 
 int Count(const std::string& hay, const std::string& needle) {
   int n = 0;
@@ -206,42 +267,76 @@ TEST_F(EventServerTest, LimitsAnswerWithJsonErrors) {
   };
   const std::string auth = "Authorization: Bearer test-token-0123456789\r\n";
   std::vector<Case> cases = {
-      {"GET /healthz HTTP/1.1\r\nX-Big: " + std::string(4000, 'a') + "\r\n\r\n", "431",
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + std::string(4000, 'a') + "\r\n\r\n", "431",
        "headers_too_large"},
-      {"POST /echo HTTP/1.1\r\n" + auth + "Content-Length: 5000\r\n\r\n" + std::string(5000, 'b'),
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Content-Length: 5000\r\n\r\n" + std::string(5000, 'b'),
        "413", "payload_too_large"},
-      {"POST /echo HTTP/1.1\r\n" + auth +
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
            "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
        "411", "length_required"},
       {"GARBAGE\r\n\r\n", "400", "bad_request"},
-      {"GET no-slash HTTP/1.1\r\n\r\n", "400", "bad_request"},
+      {"GET no-slash HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "400", "bad_request"},
       {"GET / HTTP/2.0\r\n\r\n", "400", "bad_request"},
-      {"POST /echo HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "400",
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+       "400", "bad_request"},
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab",
+       "400", "bad_request"},
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -1\r\n\r\n", "400",
        "bad_request"},
-      {"POST /echo HTTP/1.1\r\nContent-Length: -1\r\n\r\n", "400", "bad_request"},
-      {"GET /healthz HTTP/1.1\r\n folded: header\r\n\r\n", "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n folded: header\r\n\r\n", "400",
+       "bad_request"},
+      // RFC 9112: bare LF inside the head (hiding a Content-Length), CR / NUL / LF in a value,
+      // obs-fold, Content-Length with Transfer-Encoding, and every Host the section on Host
+      // refuses.
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
+           "X-A: x\nContent-Length: 37\r\n\r\nGET /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+       "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\nHost: 127.0.0.1\r\n\r\n", "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\rb\r\n\r\n", "400", "bad_request"},
+      {Raw("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\0b\r\n\r\n"),
+       "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\r\n b\r\n\r\n", "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\r\n\tb\r\n\r\n", "400",
+       "bad_request"},
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
+           "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+       "400", "bad_request"},
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
+           "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+       "400", "bad_request"},
+      {"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
+           "Transfer-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello",
+       "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: evil.com\r\nHost: 127.0.0.1\r\n\r\n", "400",
+       "bad_request"},
+      {"GET /healthz HTTP/1.1\r\n\r\n", "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost:\r\n\r\n", "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: \r\n\r\n", "400", "bad_request"},
+      {Raw("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\0.evil.com\r\n\r\n"), "400",
+       "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: [::1]evil.com\r\n\r\n", "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:80:80\r\n\r\n", "400", "bad_request"},
+      {"GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n", "400", "bad_request"},
   };
   for (const Case& c : cases) {
     int fd = Connect();
     Send(fd, c.request);
     std::string r = ReadToClose(fd);  // the error closes the connection
     EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 " + c.status)) << c.request.substr(0, 60) << r;
+    EXPECT_EQ(Count(r, "Content-Type: "), 1) << r;  // one response: nothing smuggled behind
     EXPECT_TRUE(absl::StrContains(r, "\"code\":\"" + c.code + "\"")) << r;
     EXPECT_TRUE(absl::StrContains(r, "Connection: close")) << r;
     ::close(fd);
   }
   // The server is fine afterwards.
-  int fd = Connect();
-  Send(fd, "GET /healthz HTTP/1.1\r\n\r\n");
-  EXPECT_TRUE(absl::StartsWith(ReadResponses(fd, 1), "HTTP/1.1 200"));
-  ::close(fd);
+  ExpectHealthz();
 }
 
 TEST_F(EventServerTest, ExpectContinueGetsAnInterimResponse) {
   Start();
   int fd = Connect();
   Send(fd,
-       "POST /echo HTTP/1.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+       "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
        "Expect: 100-continue\r\nContent-Length: 3\r\n\r\n");
   char buf[256];
   ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
@@ -253,35 +348,137 @@ TEST_F(EventServerTest, ExpectContinueGetsAnInterimResponse) {
   ::close(fd);
 }
 
-TEST_F(EventServerTest, ConnectionLimitAndReadTimeout) {
+TEST_F(EventServerTest, SilentConnectionsAreClosedByTheReadTimeout) {
   ServerOptions o;
-  o.worker_threads = 2;
-  o.max_queued_connections = 1;  // at most 3 connections
   o.read_timeout_ms = 800;
   Start(o);
   std::vector<int> idle;
   for (int i = 0; i < 3; ++i) idle.push_back(Connect());
-  // Wait until the server has accepted all three (the gauge counts them).
-  for (int i = 0; i < 2000 && server_->metrics().connections_open.load() < 3; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_EQ(server_->metrics().connections_open.load(), 3);
-  int extra = Connect();
-  Send(extra, "GET /healthz HTTP/1.1\r\n\r\n");
-  std::string r = ReadToClose(extra);
-  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 503")) << r;
-  EXPECT_TRUE(absl::StrContains(r, "too many connections")) << r;
-  EXPECT_TRUE(absl::StrContains(r, "Retry-After: 1")) << r;
-  ::close(extra);
-  EXPECT_GE(server_->metrics().connections_rejected.load(), 1u);
   // The silent connections are closed by the read timeout: recv sees EOF.
   for (int fd : idle) {
     EXPECT_EQ(ReadToClose(fd), "");
     ::close(fd);
   }
+  ExpectHealthz();
+}
+
+TEST_F(EventServerTest, AFullBudgetEvictsIdleThenTricklingConnections) {
+  ServerOptions o;
+  o.max_connections = 2;
+  o.read_timeout_ms = 60000;  // nothing here times out: only eviction closes connections
+  o.header_timeout_ms = 60000;
+  Start(o);
+  // The budget fills with a connection trickling a request head and, younger, a silent one.
+  int trickle1 = Connect();
+  Send(trickle1, "GET /heal");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // ordering only: distinct ages
+  int idle = Connect();
+  WaitForOpenConnections(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // ordering only: bytes read
+  // A new client is answered; the idle connection made room although the trickler is older.
+  std::string r = FreshRequest("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
+  EXPECT_TRUE(ClosedByServer(idle));
+  EXPECT_EQ(server_->metrics().connections_evicted.load(), 1u);
+  // Two tricklers fill it again: the next newcomer takes the place of the older one.
+  int trickle2 = Connect();
+  Send(trickle2, "GET /he");
+  WaitForOpenConnections(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // ordering only: bytes read
+  r = FreshRequest(
+      "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+      "Connection: close\r\nContent-Length: 2\r\n\r\nhi");
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 201")) << r;
+  EXPECT_TRUE(ClosedByServer(trickle1));
+  EXPECT_EQ(server_->metrics().connections_evicted.load(), 2u);
+  // The younger trickler was left alone and finishes its request.
+  Send(trickle2, "althz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(ReadResponses(trickle2, 1), "HTTP/1.1 200"));
+  ::close(idle);
+  ::close(trickle1);
+  ::close(trickle2);
+}
+
+TEST_F(EventServerTest, ABudgetOfBusyConnectionsAnswers503) {
+  ServerOptions o;
+  o.max_connections = 2;
+  Start(o);
+  std::vector<int> busy;
+  for (int i = 0; i < 2; ++i) {
+    busy.push_back(Connect());
+    Send(busy.back(),
+         "POST /block HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+         "Content-Length: 0\r\n\r\n");
+  }
+  WaitForOpenConnections(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // ordering only: both handled
+  // Both connections are being answered: nothing can be evicted, the newcomer gets 503.
+  std::string r = FreshRequest("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 503")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "too many connections")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Retry-After: 1")) << r;
+  EXPECT_GE(server_->metrics().connections_rejected.load(), 1u);
+  EXPECT_EQ(server_->metrics().connections_evicted.load(), 0u);
+  unblock_.set_value();
+  unblocked_ = true;
+  for (int fd : busy) {
+    EXPECT_TRUE(absl::StartsWith(ReadResponses(fd, 1), "HTTP/1.1 200"));
+    ::close(fd);
+  }
+}
+
+TEST_F(EventServerTest, ThePerClientCapEvictsThatClientsOwnConnections) {
+  ServerOptions o;
+  o.max_connections = 10;
+  o.max_connections_per_client = 2;
+  o.read_timeout_ms = 60000;
+  o.header_timeout_ms = 60000;
+  Start(o);
+  int other = Connect();  // 127.0.0.1, the oldest connection of all
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // ordering only: distinct ages
+  int first = Connect("127.0.0.2");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  int second = Connect("127.0.0.2");
+  WaitForOpenConnections(3);
+  // 127.0.0.2 is at its cap: its third connection replaces its own oldest, not 127.0.0.1's.
+  int third = Connect("127.0.0.2");
+  Send(third, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(ReadResponses(third, 1), "HTTP/1.1 200"));
+  EXPECT_TRUE(ClosedByServer(first));
+  EXPECT_EQ(server_->metrics().connections_evicted.load(), 1u);
+  for (int fd : {other, second}) {
+    Send(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    EXPECT_TRUE(absl::StartsWith(ReadResponses(fd, 1), "HTTP/1.1 200"));
+  }
+  for (int fd : {other, first, second, third}) ::close(fd);
+}
+
+TEST_F(EventServerTest, TheHeadDeadlineDoesNotRestartOnEveryByte) {
+  ServerOptions o;
+  o.read_timeout_ms = 60000;  // each byte is progress: only the whole-head deadline can fire
+  o.header_timeout_ms = 500;
+  Start(o);
   int fd = Connect();
-  Send(fd, "GET /healthz HTTP/1.1\r\n\r\n");
-  EXPECT_TRUE(absl::StartsWith(ReadResponses(fd, 1), "HTTP/1.1 200"));
+  std::string r = Trickle(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " +
+                                  std::string(1000, 'a') + "\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 408")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "request head not received")) << r;
+  EXPECT_GE(server_->metrics().requests_timed_out.load(), 1u);
+  ::close(fd);
+}
+
+TEST_F(EventServerTest, TheBodyDeadlineDoesNotRestartOnEveryByte) {
+  ServerOptions o;
+  o.read_timeout_ms = 60000;
+  o.body_timeout_ms = 500;
+  Start(o);
+  int fd = Connect();
+  Send(fd,
+       "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+       "Content-Length: 1000\r\n\r\n");
+  std::string r = Trickle(fd, std::string(1000, 'b'));
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 408")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "request body not received")) << r;
   ::close(fd);
 }
 
@@ -289,10 +486,10 @@ TEST_F(EventServerTest, DrainFinishesAHalfReceivedRequest) {
   Start();
   int busy = Connect();
   int idle = Connect();
-  Send(idle, "GET /healthz HTTP/1.1\r\n\r\n");
+  Send(idle, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   EXPECT_TRUE(absl::StartsWith(ReadResponses(idle, 1), "HTTP/1.1 200"));
   Send(busy,
-       "POST /echo HTTP/1.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+       "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
        "Content-Length: 10\r\n\r\n01234");
   // Ordering only: let the loop read the first half before the drain starts.
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -301,9 +498,10 @@ TEST_F(EventServerTest, DrainFinishesAHalfReceivedRequest) {
   EXPECT_EQ(ReadToClose(idle), "");
   Send(busy, "56789");
   std::string r = ReadToClose(busy);
-  // The request finishes: the handler answers 503 (shutting down) and the connection closes.
-  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 503")) << r;
-  EXPECT_TRUE(absl::StrContains(r, "shutting down")) << r;
+  // The request had started (its head arrived before the drain): it is answered in full and
+  // the connection closes.
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 201")) << r;
+  EXPECT_TRUE(absl::StrContains(r, R"({"body":"0123456789"})")) << r;
   EXPECT_TRUE(absl::StrContains(r, "Connection: close")) << r;
   stopper.join();
   thread_.join();
@@ -320,11 +518,11 @@ TEST_F(EventServerTest, AMutatingCallInProgressDoesNotStallReads) {
   int writer = Connect();
   int reader = Connect();
   Send(writer,
-       "POST /block HTTP/1.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
+       "POST /block HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-token-0123456789\r\n"
        "Content-Length: 0\r\n\r\n");
   // The POST's handler waits for unblock_; reads on the same loop are answered meanwhile.
   for (int i = 0; i < 3; ++i) {
-    Send(reader, "GET /healthz HTTP/1.1\r\n\r\n");
+    Send(reader, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     std::string r = ReadResponses(reader, 1);
     EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
   }
@@ -344,13 +542,13 @@ TEST_F(EventServerTest, ABlockingReadDoesNotStallItsLoop) {
   std::future<void> started = slow_started_.get_future();
   int slow = Connect();
   int reader = Connect();
-  Send(slow, "GET /slow/7 HTTP/1.1\r\n\r\n");
+  Send(slow, "GET /slow/7 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   // Bounded only so that a broken server fails the test instead of hanging it.
   ASSERT_EQ(started.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   // The slow read's handler is running (and waits for the release); the same loop answers
   // other requests on another connection meanwhile.
   for (int i = 0; i < 3; ++i) {
-    Send(reader, "GET /echo?i=1 HTTP/1.1\r\n\r\n");
+    Send(reader, "GET /echo?i=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     std::string r = ReadResponses(reader, 1);
     EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200")) << r;
   }
@@ -360,7 +558,7 @@ TEST_F(EventServerTest, ABlockingReadDoesNotStallItsLoop) {
   EXPECT_TRUE(absl::StrContains(r, R"({"n":"7","released":true})")) << r;
   EXPECT_TRUE(absl::StrContains(r, "Connection: keep-alive")) << r;
   // HEAD on the blocking route: answered by the pool too, head only; the connection goes on.
-  Send(slow, "HEAD /slow/8 HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n");
+  Send(slow, "HEAD /slow/8 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   r = ReadResponses(slow, 2);
   EXPECT_EQ(Count(r, "HTTP/1.1 200"), 2) << r;
   EXPECT_FALSE(absl::StrContains(r, "released")) << r;
@@ -372,7 +570,7 @@ TEST_F(EventServerTest, DrainFinishesABlockingRead) {
   Start();
   std::future<void> started = slow_started_.get_future();
   int slow = Connect();
-  Send(slow, "GET /slow/1 HTTP/1.1\r\n\r\n");
+  Send(slow, "GET /slow/1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   ASSERT_EQ(started.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   std::thread stopper([this] { server_->Shutdown(); });
   while (!server_->draining()) std::this_thread::yield();

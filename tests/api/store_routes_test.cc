@@ -75,7 +75,6 @@ TEST(StoreRoutesTest, ABlobReadThatBlocksLeavesTheLoopServing) {
   ServerOptions o;
   o.host = "127.0.0.1";
   o.port = 0;
-  o.engine = ServerEngine::kEventLoop;
   o.event_threads = 1;  // one loop: a blob read on it would stall every connection
   auto server = Server::Create(o);
   ASSERT_TRUE(server.ok()) << server.status();

@@ -69,7 +69,7 @@ TEST(TierRoutesTest, StatsAndResidencyReportTheTpPlacementAndPool) {
   auto server = Server::Create(o);
   ASSERT_TRUE(server.ok()) << server.status();
   std::shared_ptr<tiers::StoreTiers> t(store, store->tiers());
-  ASSERT_TRUE(AddTierRoutes(t, server->get()).ok());
+  ASSERT_TRUE(AddTierRoutes(store, server->get()).ok());
 
   auto lease = t->device()->AcquireBatch(std::vector<uint64_t>{rev->id});
   ASSERT_TRUE(lease.ok()) << lease.status();
@@ -112,16 +112,29 @@ TEST(TierRoutesTest, WithoutAPlacementTheDegreeIsOne) {
   o.port = 0;
   auto server = Server::Create(o);
   ASSERT_TRUE(server.ok());
-  ASSERT_TRUE(
-      AddTierRoutes(std::shared_ptr<tiers::StoreTiers>(store, store->tiers()), server->get()).ok());
+  ASSERT_TRUE(AddTierRoutes(store, server->get()).ok());
   nlohmann::json stats = Get(**server, "/v1/stats");
   EXPECT_EQ(stats["tp"]["rank"], 0);
   EXPECT_EQ(stats["tp"]["degree"], 1);
   EXPECT_EQ(stats["tp"]["derived"], false);
-  nlohmann::json place = Get(**server, "/v1/revisions/7/residency");
-  EXPECT_EQ(place["tier"], "storage");
-  EXPECT_EQ(place["device_bytes"], 0);
-  EXPECT_EQ(place["tp"]["degree"], 1);
+  // A revision the catalog does not know has no residency: NotFound (404), not a "storage" place.
+  absl::StatusOr<Match> m = (*server)->router()->Resolve("GET", "/v1/revisions/7/residency");
+  ASSERT_TRUE(m.ok()) << m.status();
+  Call call;
+  call.method = "GET";
+  call.params = m->params;
+  absl::StatusOr<Reply> missing = m->route->handler(call);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+}
+
+TEST(TierRoutesTest, NeedAStoreWithTiers) {
+  testing::TempDir dir;
+  auto opened = Store::Open(dir.file("store"));
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto server = Server::Create(ServerOptions{});
+  ASSERT_TRUE(server.ok());
+  EXPECT_EQ(AddTierRoutes(std::move(*opened), server->get()).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -68,7 +68,7 @@ absl::StatusOr<std::pair<std::string, std::string>> HttpGet(int port, const std:
 absl::StatusOr<std::string> HttpPhase(Store* store) {
   http::ServerOptions so;
   so.port = 0;
-  so.worker_threads = 4;
+  so.handler_threads = 4;
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<http::Server> server, http::Server::Create(so));
   // The demo keeps ownership of the store; the server is stopped before the demo returns.
   LORADB_RETURN_IF_ERROR(

@@ -26,9 +26,11 @@ struct ServeArgs {
   std::string token_file;
   bool auth_reads = false;
   size_t max_body_bytes = 1 << 20;
-  int threads = 64;
-  int max_queued = 64;
+  int max_connections = 128;
+  int max_connections_per_client = 64;
   int read_timeout_ms = 5000;
+  int header_timeout_ms = 10000;
+  int body_timeout_ms = 60000;
   uint64_t cpu_budget_bytes = uint64_t{1} << 30;
   std::string device = "none";
   uint64_t arena_bytes = uint64_t{256} << 20;
@@ -57,10 +59,12 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   }
   options.auth_reads = args.auth_reads;
   options.max_body_bytes = args.max_body_bytes;
-  options.worker_threads = args.threads;
-  options.max_queued_connections = args.max_queued;
+  options.max_connections = args.max_connections;
+  options.max_connections_per_client = args.max_connections_per_client;
   options.read_timeout_ms = args.read_timeout_ms;
   options.write_timeout_ms = args.read_timeout_ms;
+  options.header_timeout_ms = args.header_timeout_ms;
+  options.body_timeout_ms = args.body_timeout_ms;
   absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(options);
   if (!server.ok()) return server.status();
   tiers::StoreTiersOptions tier_options;
@@ -91,9 +95,7 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   std::shared_ptr<Store> shared_store(std::move(*store));
   st = http::AddStoreRoutes(shared_store, server->get());
   if (!st.ok()) return st;
-  // Aliasing pointer: the tier routes keep the Store (which owns the tiers) alive.
-  std::shared_ptr<tiers::StoreTiers> store_tiers(shared_store, shared_store->tiers());
-  st = http::AddTierRoutes(store_tiers, server->get());
+  st = http::AddTierRoutes(shared_store, server->get());
   if (!st.ok()) return st;
 
   st = (*server)->Bind();
@@ -129,15 +131,22 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
   sub->add_flag("--auth-reads", args->auth_reads, "require the token for read calls as well");
   sub->add_option("--max-body-bytes", args->max_body_bytes, "largest accepted request body")
       ->capture_default_str();
-  sub->add_option("--threads", args->threads,
-                  "connection limit, together with --max-queued-connections (open connections "
-                  "past the sum get 503)")
+  sub->add_option("--max-connections", args->max_connections,
+                  "open connections at once; past it an idle or unfinished connection is evicted, "
+                  "or the new one gets 503 when all are busy")
       ->capture_default_str();
-  sub->add_option("--max-queued-connections", args->max_queued,
-                  "connections accepted past --threads before new ones get 503")
+  sub->add_option("--max-connections-per-client", args->max_connections_per_client,
+                  "open connections from one client address (evicting its own idle or "
+                  "unfinished ones past it)")
       ->capture_default_str();
   sub->add_option("--read-timeout-ms", args->read_timeout_ms,
-                  "per-read and per-write socket timeout")
+                  "a request (or response) making no progress for this long is closed")
+      ->capture_default_str();
+  sub->add_option("--header-timeout-ms", args->header_timeout_ms,
+                  "deadline for a whole request head, from its first byte (408)")
+      ->capture_default_str();
+  sub->add_option("--body-timeout-ms", args->body_timeout_ms,
+                  "deadline for a whole request body, from the end of its head (408)")
       ->capture_default_str();
   sub->add_option("--cpu-budget-bytes", args->cpu_budget_bytes, "CPU cache budget")
       ->capture_default_str();
