@@ -651,30 +651,26 @@ struct TrainingService::Impl {
     return absl::NotFoundError(absl::StrCat("no checkpoint '", name, "' in ", policy));
   }
 
-  CheckpointInfo TrainingCheckpointInfo(const std::string& run_id, const std::string& name,
-                                        const CheckpointRecord& rec) const {
+  // A run's training checkpoint (`weights/NAME`) or sampler weights (`sampler_weights/NAME`).
+  static CheckpointInfo MakeCheckpointInfo(const std::string& run_id, bool sampler,
+                                           const std::string& name, int64_t time_us,
+                                           uint64_t size_bytes, uint64_t step, uint64_t store_id) {
     CheckpointInfo c;
-    c.checkpoint_id = absl::StrCat("weights/", name);
-    c.type = "training";
+    c.checkpoint_id = absl::StrCat(sampler ? "sampler_weights/" : "weights/", name);
+    c.type = sampler ? "sampler" : "training";
     c.tinker_path = absl::StrCat(kPathScheme, run_id, "/", c.checkpoint_id);
-    c.time_us = rec.created_us;
-    c.size_bytes = rec.master.bytes + rec.optimizer.bytes + rec.gradients.bytes;
-    c.step = static_cast<int64_t>(rec.step);
-    c.store_id = rec.id;
+    c.time_us = time_us;
+    c.size_bytes = size_bytes;
+    c.step = static_cast<int64_t>(step);
+    c.store_id = store_id;
     return c;
   }
 
-  CheckpointInfo SamplerCheckpointInfo(const std::string& run_id, const std::string& name,
-                                       const RevisionRecord& rev) const {
-    CheckpointInfo c;
-    c.checkpoint_id = absl::StrCat("sampler_weights/", name);
-    c.type = "sampler";
-    c.tinker_path = absl::StrCat(kPathScheme, run_id, "/", c.checkpoint_id);
-    c.time_us = rev.created_us;
-    c.size_bytes = rev.blob.bytes;
-    c.step = static_cast<int64_t>(rev.source.step);
-    c.store_id = rev.id;
-    return c;
+  static CheckpointInfo TrainingCheckpointInfo(const std::string& run_id, const std::string& name,
+                                               const CheckpointRecord& rec) {
+    return MakeCheckpointInfo(run_id, false, name, rec.created_us,
+                              rec.master.bytes + rec.optimizer.bytes + rec.gradients.bytes,
+                              rec.step, rec.id);
   }
 
   // Training-run facts of `run_id` from the store.
@@ -1176,7 +1172,8 @@ absl::StatusOr<std::vector<CheckpointInfo>> TrainingService::ListCheckpoints(
     if (!absl::StartsWith(a.alias, kSamplerAliasPrefix)) continue;
     LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, impl_->store->GetRevision(a.revision));
     out.push_back(
-        impl_->SamplerCheckpointInfo(run_id, a.alias.substr(strlen(kSamplerAliasPrefix)), rev));
+        Impl::MakeCheckpointInfo(run_id, true, a.alias.substr(strlen(kSamplerAliasPrefix)),
+                                 rev.created_us, rev.blob.bytes, rev.source.step, rev.id));
   }
   std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
     return std::make_pair(a.time_us, a.tinker_path) < std::make_pair(b.time_us, b.tinker_path);
