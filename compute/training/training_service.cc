@@ -1219,12 +1219,4 @@ absl::StatusOr<RevisionRecord> TrainingService::ResolveSamplerPath(
   return rev;
 }
 
-absl::StatusOr<std::vector<std::string>> LossInputs(const std::string& loss_fn) {
-  LORADB_ASSIGN_OR_RETURN(trainer::TokenLossKind kind, ParseLoss(loss_fn));
-  if (kind == trainer::TokenLossKind::kCrossEntropy) {
-    return std::vector<std::string>{"target_tokens", "weights"};
-  }
-  return std::vector<std::string>{"target_tokens", "logprobs", "advantages", "weights (optional)"};
-}
-
 }  // namespace loradb::training

@@ -320,10 +320,6 @@ class TrainingService {
   std::unique_ptr<Impl> impl_;
 };
 
-// The Tinker loss names this service computes, and the inputs each reads (for docs and errors).
-// Unimplemented naming the loss for any other name.
-[[nodiscard]] absl::StatusOr<std::vector<std::string>> LossInputs(const std::string& loss_fn);
-
 }  // namespace loradb::training
 
 #endif  // LORADB_COMPUTE_TRAINING_TRAINING_SERVICE_H_

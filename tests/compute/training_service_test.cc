@@ -248,8 +248,21 @@ TEST_F(TrainingServiceTest, ImportanceSamplingAndPpoFollowTheirFormulas) {
   EXPECT_GT(clipped, 0);
   EXPECT_NEAR(r_is.metrics.at("loss:sum"), sum_is, 1e-3 * (1 + std::abs(sum_is)));
   EXPECT_NEAR(r_ppo.metrics.at("loss:sum"), sum_ppo, 1e-3 * (1 + std::abs(sum_ppo)));
+  // cross_entropy takes any finite weight, negative included (the SDK's forward_backward_custom
+  // sends weights = -dLoss/dlogp): the loss stays -sum(w * logp).
+  std::vector<DatumInput> signed_data = ChainData(RandomChain(4, 30), 30);
+  double want_ce = 0;
+  for (size_t i = 0; i < signed_data.size(); ++i) {
+    auto& w = signed_data[i].loss_fn_inputs["weights"].floats;
+    for (size_t j = 0; j < w.size(); ++j) {
+      w[j] = j % 2 == 0 ? -0.5f : 0.25f;
+      want_ce += -w[j] * r_is.outputs[i].logprobs[j];
+    }
+  }
+  auto r_ce = RunForwardBackward(run, 3, "cross_entropy", signed_data);
+  EXPECT_NEAR(r_ce.metrics.at("loss:sum"), want_ce, 1e-4 * std::abs(want_ce));
   // A bad clip range is refused by name.
-  ppo.seq_id = 3;
+  ppo.seq_id = 4;
   ppo.loss_fn_config = {{"clip_low_threshold", 1.2}, {"clip_high_threshold", 1.1}};
   EXPECT_EQ(service_->ForwardBackward(ppo).status().code(), absl::StatusCode::kInvalidArgument);
 }
