@@ -109,6 +109,12 @@ absl::Status LoadCheckpoint(const Store& store, Trainer* trainer, int policy, ui
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint ", id, " belongs to another policy"));
   }
+  LORADB_ASSIGN_OR_RETURN(PolicySnapshot snap, ReadSnapshot(store, rec));
+  return trainer->Restore(policy, snap);
+}
+
+absl::StatusOr<PolicySnapshot> ReadSnapshot(const Store& store, const CheckpointRecord& rec) {
+  const uint64_t id = rec.id;
   PolicySnapshot snap;
   LORADB_ASSIGN_OR_RETURN(snap.master, ReadPart(store, rec.master, at::kFloat));
   LORADB_ASSIGN_OR_RETURN(snap.optimizer, ReadPart(store, rec.optimizer, at::kFloat));
@@ -137,7 +143,7 @@ absl::Status LoadCheckpoint(const Store& store, Trainer* trainer, int policy, ui
   snap.scheduler_name = rec.scheduler_name;
   snap.scheduler_position = rec.scheduler_position;
   snap.rng_state = rec.rng_state;
-  return trainer->Restore(policy, snap);
+  return snap;
 }
 
 absl::StatusOr<CheckpointRecord> LatestCheckpoint(const Store& store, const std::string& policy) {

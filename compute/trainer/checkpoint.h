@@ -38,6 +38,11 @@ namespace loradb::trainer {
 [[nodiscard]] absl::Status LoadCheckpoint(const Store& store, Trainer* trainer, int policy,
                                           uint64_t id);
 
+// The training state checkpoint `record` holds (checksums verified), whichever policy it
+// belongs to: restoring it into another policy of the same LoRA shape continues that training.
+[[nodiscard]] absl::StatusOr<PolicySnapshot> ReadSnapshot(const Store& store,
+                                                          const CheckpointRecord& record);
+
 // The policy's checkpoint with the highest (step, id). NotFound when it has none.
 [[nodiscard]] absl::StatusOr<CheckpointRecord> LatestCheckpoint(const Store& store,
                                                                 const std::string& policy);

@@ -109,4 +109,43 @@ absl::StatusOr<GrpoOutput> GrpoLoss(const at::Tensor& logprobs, const at::Tensor
   return out;
 }
 
+const char* TokenLossName(TokenLossKind kind) {
+  switch (kind) {
+    case TokenLossKind::kCrossEntropy:
+      return "cross_entropy";
+    case TokenLossKind::kImportanceSampling:
+      return "importance_sampling";
+    case TokenLossKind::kPpo:
+      return "ppo";
+  }
+  return "?";
+}
+
+absl::StatusOr<at::Tensor> TokenLossElements(TokenLossKind kind, const at::Tensor& logprobs,
+                                             const at::Tensor& weights,
+                                             const at::Tensor& sampling_logprobs,
+                                             const at::Tensor& advantages,
+                                             const TokenLossOptions& options) {
+  if (!SameShape(logprobs, weights) || logprobs.dim() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(TokenLossName(kind), " loss: logprobs and weights must both be [tokens]"));
+  }
+  at::Tensor w = weights.to(at::kFloat);
+  if (kind == TokenLossKind::kCrossEntropy) return -logprobs * w;
+  if (!SameShape(logprobs, sampling_logprobs) || !SameShape(logprobs, advantages)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        TokenLossName(kind), " loss: sampling logprobs and advantages must be [tokens]"));
+  }
+  at::Tensor ratio = at::exp(logprobs - sampling_logprobs.to(at::kFloat));
+  at::Tensor adv = advantages.to(at::kFloat);
+  if (kind == TokenLossKind::kImportanceSampling) return -(ratio * adv) * w;
+  if (!(options.clip_low >= 0) || !(options.clip_high > options.clip_low) ||
+      !std::isfinite(options.clip_high)) {
+    return absl::InvalidArgumentError(absl::StrCat("ppo loss: clip range [", options.clip_low, ", ",
+                                                   options.clip_high, "] needs 0 <= low < high"));
+  }
+  at::Tensor clipped = at::clamp(ratio, options.clip_low, options.clip_high);
+  return -at::min(ratio * adv, clipped * adv) * w;
+}
+
 }  // namespace loradb::trainer

@@ -3,6 +3,10 @@
 //   SFT:  masked mean negative log-likelihood.
 //   DPO:  -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))), sequence log-prob sums.
 //   GRPO: PPO-style clipped surrogate with group-relative advantages, optional k3 KL penalty.
+// and the token-level losses of the Tinker API (sums over tokens, no normalisation):
+//   cross_entropy:       -w * logp
+//   importance_sampling: -w * exp(logp - q) * A
+//   ppo:                 -w * min(r * A, clip(r, low, high) * A),  r = exp(logp - q)
 #ifndef LORADB_COMPUTE_TRAINER_LOSSES_H_
 #define LORADB_COMPUTE_TRAINER_LOSSES_H_
 
@@ -56,6 +60,28 @@ struct GrpoOutput {
 [[nodiscard]] absl::StatusOr<GrpoOutput> GrpoLoss(
     const at::Tensor& logprobs, const at::Tensor& old_logprobs, const at::Tensor& advantages,
     const at::Tensor& mask, const at::Tensor& ref_logprobs, const GrpoOptions& options);
+
+// The Tinker API's token-level losses: every position counts on its own and the batch loss is the
+// plain sum of the elementwise losses (callers scale through the weights or advantages).
+enum class TokenLossKind { kCrossEntropy, kImportanceSampling, kPpo };
+const char* TokenLossName(TokenLossKind kind);  // "cross_entropy", "importance_sampling", "ppo"
+
+struct TokenLossOptions {
+  // PPO's clip range of the ratio r = p / q: [clip_low, clip_high], 0 <= low < high.
+  double clip_low = 0.8;
+  double clip_high = 1.2;
+};
+
+// Elementwise losses [tokens] (differentiable through `logprobs`): `weights` multiplies every
+// loss; `sampling_logprobs` (q) and `advantages` (A) are read by importance_sampling and ppo
+// (ignored, and may be undefined, for cross_entropy). InvalidArgument for shape mismatches or a
+// PPO clip range outside 0 <= low < high.
+[[nodiscard]] absl::StatusOr<at::Tensor> TokenLossElements(TokenLossKind kind,
+                                                           const at::Tensor& logprobs,
+                                                           const at::Tensor& weights,
+                                                           const at::Tensor& sampling_logprobs,
+                                                           const at::Tensor& advantages,
+                                                           const TokenLossOptions& options);
 
 }  // namespace loradb::trainer
 

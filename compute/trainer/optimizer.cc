@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "storage/util/status_macros.h"
 
 namespace loradb::trainer {
 
@@ -21,6 +22,12 @@ absl::Status ValidateAdamWOptions(const AdamWOptions& o) {
 
 absl::StatusOr<StepStats> AdamW::Step(const std::map<std::string, at::Tensor>& params, double lr,
                                       double grad_scale) {
+  return Step(params, lr, grad_scale, options_);
+}
+
+absl::StatusOr<StepStats> AdamW::Step(const std::map<std::string, at::Tensor>& params, double lr,
+                                      double grad_scale, const AdamWOptions& hyper) {
+  LORADB_RETURN_IF_ERROR(ValidateAdamWOptions(hyper));
   at::NoGradGuard no_grad;
   // Gather gradients (zero where absent) and check shapes before touching anything.
   std::map<std::string, at::Tensor> grads;
@@ -47,12 +54,12 @@ absl::StatusOr<StepStats> AdamW::Step(const std::map<std::string, at::Tensor>& p
     return absl::InvalidArgumentError("non-finite gradient norm; optimizer step skipped");
   }
   double clip = 1.0;
-  if (options_.max_grad_norm > 0 && stats.grad_norm > options_.max_grad_norm) {
-    clip = options_.max_grad_norm / (stats.grad_norm + 1e-6);
+  if (hyper.max_grad_norm > 0 && stats.grad_norm > hyper.max_grad_norm) {
+    clip = hyper.max_grad_norm / (stats.grad_norm + 1e-6);
   }
   ++step_;
-  const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
+  const double bc1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step_));
   for (const auto& [name, p] : params) {
     at::Tensor g = grads[name];
     if (clip != 1.0) g = g * clip;
@@ -61,11 +68,11 @@ absl::StatusOr<StepStats> AdamW::Step(const std::map<std::string, at::Tensor>& p
       m.exp_avg = at::zeros_like(p);
       m.exp_avg_sq = at::zeros_like(p);
     }
-    m.exp_avg.mul_(options_.beta1).add_(g, 1.0 - options_.beta1);
-    m.exp_avg_sq.mul_(options_.beta2).addcmul_(g, g, 1.0 - options_.beta2);
-    at::Tensor denom = (m.exp_avg_sq / bc2).sqrt_().add_(options_.eps);
+    m.exp_avg.mul_(hyper.beta1).add_(g, 1.0 - hyper.beta1);
+    m.exp_avg_sq.mul_(hyper.beta2).addcmul_(g, g, 1.0 - hyper.beta2);
+    at::Tensor denom = (m.exp_avg_sq / bc2).sqrt_().add_(hyper.eps);
     at::Tensor param = p;  // shares storage
-    if (options_.weight_decay > 0) param.mul_(1.0 - lr * options_.weight_decay);
+    if (hyper.weight_decay > 0) param.mul_(1.0 - lr * hyper.weight_decay);
     param.addcdiv_(m.exp_avg, denom, -lr / bc1);
   }
   return stats;

@@ -43,6 +43,12 @@ class AdamW {
   // (nothing updated) for a non-finite gradient norm or a parameter whose state shape differs.
   [[nodiscard]] absl::StatusOr<StepStats> Step(const std::map<std::string, at::Tensor>& params,
                                                double lr, double grad_scale = 1.0);
+  // The same update with `hyper` (betas, eps, weight decay, clipping) in place of the options
+  // given at construction, for callers that send them with every step (the Tinker optim_step).
+  // InvalidArgument (nothing updated) also for hyper-parameters ValidateAdamWOptions refuses.
+  [[nodiscard]] absl::StatusOr<StepStats> Step(const std::map<std::string, at::Tensor>& params,
+                                               double lr, double grad_scale,
+                                               const AdamWOptions& hyper);
 
   int64_t step() const { return step_; }
   const AdamWOptions& options() const { return options_; }

@@ -27,6 +27,23 @@ at::Tensor SequenceSums(const at::Tensor& lp, const at::Tensor& w,
   return at::stack(sums);
 }
 
+// Positions whose logits a datum has: one per token with explicit targets, otherwise one per
+// token but the last.
+int64_t Positions(const Datum& d) {
+  return static_cast<int64_t>(d.tokens.size()) - (d.targets.empty() ? 1 : 0);
+}
+
+int64_t TargetAt(const Datum& d, int64_t j) {
+  return d.targets.empty() ? d.tokens[j + 1] : d.targets[j];
+}
+
+// A flat float tensor of `values`.
+at::Tensor FloatTensor(const std::vector<float>& values) {
+  return at::from_blob(const_cast<float*>(values.data()), {static_cast<int64_t>(values.size())},
+                       at::kFloat)
+      .clone();
+}
+
 }  // namespace
 
 const char* LossKindName(LossKind kind) {
@@ -99,6 +116,10 @@ absl::Status Trainer::Validate(const std::vector<PolicyBatch>& batches) const {
     }
     for (size_t i = 0; i < b.data.size(); ++i) {
       const Datum& d = b.data[i];
+      if (!d.targets.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "datum ", i, " has explicit targets: those are for the token losses (TokenLosses)"));
+      }
       if (d.tokens.size() < 2) {
         return absl::InvalidArgumentError(absl::StrCat("datum ", i, " has fewer than 2 tokens"));
       }
@@ -154,7 +175,7 @@ absl::StatusOr<at::Tensor> Trainer::RowLogprobs(
     Plan& plan = plans[i];
     if (all_positions || !share_prefixes_) {
       plan.root = static_cast<int64_t>(roots.size());
-      plan.last = static_cast<int64_t>(d.tokens.size()) - 2;
+      plan.last = Positions(d) - 1;
       roots.push_back(Seq{d.tokens, slots[i], -1});
       continue;
     }
@@ -207,7 +228,7 @@ absl::StatusOr<at::Tensor> Trainer::RowLogprobs(
       int64_t row = root_row[plan.root] + j;
       if (plan.cont >= 0 && j > plan.first) row = cont_row[plan.cont] + (j - plan.first - 1);
       logit_rows.push_back(row);
-      targets.push_back(d.tokens[j + 1]);
+      targets.push_back(TargetAt(d, j));
       out_index.push_back(offset + j);
       inv_temp.push_back(1.0f / d.temperature);
     }
@@ -311,20 +332,13 @@ absl::StatusOr<std::vector<LossReport>> Trainer::RunLosses(const std::vector<Pol
   }
 
   // Policy pass: one forward over every batch's rows, each row with its policy's adapter.
+  std::vector<int> policy_of;
+  for (const PolicyBatch& b : batches) policy_of.insert(policy_of.end(), b.data.size(), b.policy);
   std::vector<model::LoraAdapter> built;
-  std::map<int, int32_t> slot_of;
-  for (const PolicyBatch& b : batches) {
-    if (slot_of.count(b.policy)) continue;
-    slot_of[b.policy] = static_cast<int32_t>(built.size());
-    LORADB_ASSIGN_OR_RETURN(model::LoraAdapter a,
-                            policies_[b.policy].params.BuildAdapter(
-                                model_->config(), model_->dtype(), model_->device()));
-    built.push_back(std::move(a));
-  }
+  std::vector<int32_t> slots;
+  LORADB_RETURN_IF_ERROR(BuildAdapters(policy_of, &built, &slots));
   std::vector<const model::LoraAdapter*> adapters;
   for (const auto& a : built) adapters.push_back(&a);
-  std::vector<int32_t> slots;
-  for (const PolicyBatch& b : batches) slots.insert(slots.end(), b.data.size(), slot_of[b.policy]);
   at::Tensor hits;
   LORADB_ASSIGN_OR_RETURN(at::Tensor lp,
                           RowLogprobs(all, adapters, slots, /*all_positions=*/false, &hits));
@@ -435,12 +449,178 @@ absl::StatusOr<StepStats> Trainer::OptimStep(int policy) {
   const double lr = p.options.schedule.At(p.adamw.step());
   LORADB_ASSIGN_OR_RETURN(StepStats stats, p.adamw.Step(p.params.named(), lr,
                                                         1.0 / static_cast<double>(p.micro_steps)));
+  ClearGradients(p);
+  return stats;
+}
+
+absl::StatusOr<StepStats> Trainer::OptimStep(int policy, double lr, const AdamWOptions& hyper) {
+  if (policy < 0 || policy >= num_policies()) {
+    return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
+  }
+  if (!(lr >= 0) || !std::isfinite(lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("learning rate ", lr, " must be >= 0"));
+  }
+  Policy& p = policies_[policy];
+  if (p.micro_steps == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("policy ", p.options.name, ": no gradients accumulated since the last step"));
+  }
+  LORADB_ASSIGN_OR_RETURN(StepStats stats, p.adamw.Step(p.params.named(), lr, 1.0, hyper));
+  ClearGradients(p);
+  return stats;
+}
+
+void Trainer::ClearGradients(Policy& p) {
   for (const auto& [name, t] : p.params.named()) {
     at::Tensor param = t;
     param.mutable_grad() = at::Tensor();
   }
   p.micro_steps = 0;
-  return stats;
+}
+
+absl::Status Trainer::BuildAdapters(const std::vector<int>& policy_of_datum,
+                                    std::vector<model::LoraAdapter>* built,
+                                    std::vector<int32_t>* slots) const {
+  std::map<int, int32_t> slot_of;
+  slots->clear();
+  for (int policy : policy_of_datum) {
+    if (policy < 0) {
+      slots->push_back(-1);
+      continue;
+    }
+    auto [it, fresh] = slot_of.emplace(policy, static_cast<int32_t>(built->size()));
+    if (fresh) {
+      LORADB_ASSIGN_OR_RETURN(model::LoraAdapter a,
+                              policies_[policy].params.BuildAdapter(
+                                  model_->config(), model_->dtype(), model_->device()));
+      built->push_back(std::move(a));
+    }
+    slots->push_back(it->second);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ValidateTokenBatches(const std::vector<TokenBatch>& batches) const {
+  if (batches.empty()) return absl::InvalidArgumentError("no batches");
+  const int64_t vocab = model_->config().vocab_size;
+  auto finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  for (const TokenBatch& b : batches) {
+    if (b.policy < 0 || b.policy >= num_policies()) {
+      return absl::InvalidArgumentError(absl::StrCat("no policy index ", b.policy));
+    }
+    if (b.data.empty()) return absl::InvalidArgumentError("a batch has no data");
+    const bool rl = b.loss != TokenLossKind::kCrossEntropy;
+    for (size_t i = 0; i < b.data.size(); ++i) {
+      const Datum& d = b.data[i];
+      const size_t n = d.tokens.size();
+      if (n == 0) return absl::InvalidArgumentError(absl::StrCat("datum ", i, " has no tokens"));
+      if (d.targets.size() != n || d.weights.size() != n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("datum ", i, " has ", n, " input tokens but ", d.targets.size(),
+                         " targets and ", d.weights.size(), " weights"));
+      }
+      if (rl && (d.sampling_logprobs.size() != n || d.advantages.size() != n)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(TokenLossName(b.loss), " datum ", i, " has ", n, " input tokens but ",
+                         d.sampling_logprobs.size(), " sampling logprobs and ", d.advantages.size(),
+                         " advantages"));
+      }
+      for (const std::vector<int64_t>* ids : {&d.tokens, &d.targets}) {
+        for (int64_t t : *ids) {
+          if (t < 0 || t >= vocab) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("datum ", i, " has token id ", t, " outside [0, ", vocab, ")"));
+          }
+        }
+      }
+      if (!finite(d.weights) || !finite(d.sampling_logprobs) || !finite(d.advantages)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("datum ", i, " has a non-finite weight, logprob or advantage"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TokenBatchResult>> Trainer::TokenLosses(
+    const std::vector<TokenBatch>& batches, bool backward) {
+  try {
+    return RunTokenLosses(batches, backward);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("token losses failed: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::vector<TokenBatchResult>> Trainer::RunTokenLosses(
+    const std::vector<TokenBatch>& batches, bool backward) {
+  LORADB_RETURN_IF_ERROR(ValidateTokenBatches(batches));
+  std::optional<at::NoGradGuard> no_grad;
+  if (!backward) no_grad.emplace();
+  std::vector<const Datum*> all;
+  std::vector<int> policy_of;
+  for (const TokenBatch& b : batches) {
+    for (const Datum& d : b.data) {
+      all.push_back(&d);
+      policy_of.push_back(b.policy);
+    }
+  }
+  std::vector<model::LoraAdapter> built;
+  std::vector<int32_t> slots;
+  LORADB_RETURN_IF_ERROR(BuildAdapters(policy_of, &built, &slots));
+  std::vector<const model::LoraAdapter*> adapters;
+  for (const auto& a : built) adapters.push_back(&a);
+  LORADB_ASSIGN_OR_RETURN(at::Tensor lp,
+                          RowLogprobs(all, adapters, slots, /*all_positions=*/true, nullptr));
+
+  std::vector<TokenBatchResult> results;
+  at::Tensor total;
+  int64_t off = 0;
+  for (const TokenBatch& b : batches) {
+    // Explicit targets: a datum's positions are exactly its tokens' slots in `lp`.
+    std::vector<float> w, old, adv;
+    for (const Datum& d : b.data) {
+      w.insert(w.end(), d.weights.begin(), d.weights.end());
+      old.insert(old.end(), d.sampling_logprobs.begin(), d.sampling_logprobs.end());
+      adv.insert(adv.end(), d.advantages.begin(), d.advantages.end());
+    }
+    const int64_t n = static_cast<int64_t>(w.size());
+    at::Tensor blp = lp.narrow(0, off, n);
+    off += n;
+    const bool rl = b.loss != TokenLossKind::kCrossEntropy;
+    LORADB_ASSIGN_OR_RETURN(
+        at::Tensor elements,
+        TokenLossElements(b.loss, blp, FloatTensor(w), rl ? FloatTensor(old) : at::Tensor(),
+                          rl ? FloatTensor(adv) : at::Tensor(), b.options));
+    at::Tensor loss = elements.sum();
+    TokenBatchResult r;
+    r.policy = b.policy;
+    r.loss_sum = loss.item<double>();
+    if (!std::isfinite(r.loss_sum)) {
+      return absl::InvalidArgumentError(absl::StrCat("policy ", policies_[b.policy].options.name,
+                                                     ": ", TokenLossName(b.loss),
+                                                     " loss is not finite"));
+    }
+    at::Tensor lpc = blp.detach().contiguous();
+    at::Tensor elc = elements.detach().contiguous();
+    const float* lpp = lpc.data_ptr<float>();
+    const float* elp = elc.data_ptr<float>();
+    for (const Datum& d : b.data) {
+      const size_t len = d.tokens.size();
+      r.logprobs.emplace_back(lpp, lpp + len);
+      r.elementwise_loss.emplace_back(elp, elp + len);
+      lpp += len;
+      elp += len;
+    }
+    total = total.defined() ? total + loss : loss;
+    results.push_back(std::move(r));
+  }
+  if (backward) {
+    total.backward();
+    for (const TokenBatch& b : batches) ++policies_[b.policy].micro_steps;
+  }
+  return results;
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::Logprobs(int policy,
@@ -507,19 +687,13 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
   if (requests.empty()) return results;
   at::NoGradGuard no_grad;
 
+  std::vector<int> policy_of;
+  for (const SampleRequest& r : requests) policy_of.push_back(r.policy);
   std::vector<model::LoraAdapter> built;
-  std::map<int, int32_t> slot_of;
-  for (const SampleRequest& r : requests) {
-    if (r.policy < 0 || slot_of.count(r.policy)) continue;
-    slot_of[r.policy] = static_cast<int32_t>(built.size());
-    LORADB_ASSIGN_OR_RETURN(model::LoraAdapter a,
-                            policies_[r.policy].params.BuildAdapter(
-                                model_->config(), model_->dtype(), model_->device()));
-    built.push_back(std::move(a));
-  }
+  std::vector<int32_t> request_slot;
+  LORADB_RETURN_IF_ERROR(BuildAdapters(policy_of, &built, &request_slot));
   std::vector<const model::LoraAdapter*> adapters;
   for (const auto& a : built) adapters.push_back(&a);
-  auto slot = [&](int policy) { return policy < 0 ? -1 : slot_of[policy]; };
 
   // Requests of one policy with the same prompt (a GRPO group) share the prompt's prefill: it
   // runs once, each request samples its first token from those logits (in request order, so
@@ -563,7 +737,7 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
         ids.insert(ids.end(), r.prompt.begin(), r.prompt.end());
         in.seq_lens.push_back(static_cast<int64_t>(r.prompt.size()));
         in.cache_seqs.push_back(prefix_seq[u]);
-        lora.row_slot.insert(lora.row_slot.end(), r.prompt.size(), slot(r.policy));
+        lora.row_slot.insert(lora.row_slot.end(), r.prompt.size(), request_slot[prefix_first[u]]);
       }
       for (size_t k = 0; k < active.size(); ++k) row_of[k] = prefix_of[active[k]];
     } else {
@@ -572,7 +746,7 @@ absl::StatusOr<std::vector<SampleResult>> Trainer::SampleImpl(
         ids.push_back(feed[i]);
         in.seq_lens.push_back(1);
         in.cache_seqs.push_back(seqs[i]);
-        lora.row_slot.push_back(slot(requests[i].policy));
+        lora.row_slot.push_back(request_slot[i]);
         row_of[k] = k;
       }
     }

@@ -44,9 +44,15 @@ const char* LossKindName(LossKind kind);
 
 // One training sequence. Position i (0 <= i < tokens.size() - 1) predicts tokens[i + 1] with
 // weight weights[i] (the loss mask: 0 for prompt tokens, 1 for trained completion tokens).
+// With explicit `targets` (token losses only) every position i < tokens.size() predicts
+// targets[i] instead, and weights, targets (and the token losses' sampling_logprobs and
+// advantages) have one entry per token.
 struct Datum {
   std::vector<int64_t> tokens;
   std::vector<float> weights;
+  std::vector<int64_t> targets;
+  // Token losses (importance_sampling, ppo): per-position advantages.
+  std::vector<float> advantages;
   // GRPO only: the log-probability each target token had when it was sampled (same length as
   // weights; ignored where the weight is 0) and the sequence's advantage.
   std::vector<float> sampling_logprobs;
@@ -83,6 +89,26 @@ struct LossReport {
   double accuracy = 0;
   double metric = 0;
   double kl = 0;
+};
+
+// A policy's data in one TokenLosses call (losses.h's token-level losses). Every datum has
+// explicit targets; cross_entropy reads weights (any finite value, negative included: a caller
+// back-propagating its own loss sends its gradient), importance_sampling and ppo also
+// sampling_logprobs and advantages.
+struct TokenBatch {
+  int policy = 0;
+  TokenLossKind loss = TokenLossKind::kCrossEntropy;
+  TokenLossOptions options;
+  std::vector<Datum> data;
+};
+
+struct TokenBatchResult {
+  int policy = 0;
+  double loss_sum = 0;  // sum of the batch's elementwise losses
+  // Per datum, one entry per position: log p(target) under the policy's current weights (every
+  // position, whatever its weight), and the position's loss.
+  std::vector<std::vector<float>> logprobs;
+  std::vector<std::vector<float>> elementwise_loss;
 };
 
 struct SampleRequest {
@@ -154,6 +180,21 @@ class Trainer {
   // accumulated.
   [[nodiscard]] absl::StatusOr<StepStats> OptimStep(int policy);
 
+  // Token losses over all batches' rows in one forward (per-row adapters), every position of every
+  // datum computed. With `backward`, the gradient of the sum of the losses adds to the masters'
+  // .grad (each batch one micro-batch); without, nothing is recorded. InvalidArgument (no
+  // gradient touched) for an unknown policy, an empty batch or datum, data without explicit
+  // targets, lengths that disagree, token ids outside the vocabulary or non-finite inputs.
+  [[nodiscard]] absl::StatusOr<std::vector<TokenBatchResult>> TokenLosses(
+      const std::vector<TokenBatch>& batches, bool backward);
+
+  // AdamW step of `policy` at learning rate `lr` with `hyper` over the sum of the gradients
+  // accumulated since the last step (no averaging over micro-batches: the token losses are sums
+  // already); clears them. The policy's schedule is not consulted. FailedPrecondition when
+  // nothing was accumulated; InvalidArgument for lr < 0 or bad hyper-parameters.
+  [[nodiscard]] absl::StatusOr<StepStats> OptimStep(int policy, double lr,
+                                                    const AdamWOptions& hyper);
+
   // Losses run one forward per call in which data of one policy that agree up to their first
   // weighted target (a GRPO group's prompt, a DPO pair's) compute those rows once, and logits
   // only from each datum's first to its last weighted target. Off: every datum runs whole (the
@@ -196,6 +237,15 @@ class Trainer {
   [[nodiscard]] absl::StatusOr<std::vector<SampleResult>> SampleImpl(
       const std::vector<SampleRequest>& requests);
   [[nodiscard]] absl::Status Validate(const std::vector<PolicyBatch>& batches) const;
+  [[nodiscard]] absl::Status ValidateTokenBatches(const std::vector<TokenBatch>& batches) const;
+  [[nodiscard]] absl::StatusOr<std::vector<TokenBatchResult>> RunTokenLosses(
+      const std::vector<TokenBatch>& batches, bool backward);
+  // Builds each distinct policy's adapter once; `slots[i]` is data i's adapter index.
+  [[nodiscard]] absl::Status BuildAdapters(const std::vector<int>& policy_of_datum,
+                                           std::vector<model::LoraAdapter>* built,
+                                           std::vector<int32_t>* slots) const;
+  // Clears the masters' gradients after a step.
+  void ClearGradients(Policy& p);
   [[nodiscard]] absl::StatusOr<std::vector<LossReport>> RunLosses(
       const std::vector<PolicyBatch>& batches, bool backward);
   // Target log-probs of the flattened data, [sum of token counts]: position j of datum i at
