@@ -2,10 +2,10 @@
 //                   [--revisions-per-policy R] [--threads T] [--client-threads K]
 // The HTTP admin endpoint under load, on loopback ephemeral ports in this process: a store with
 // P x R small revisions and two servers over it, side by side: the event-loop engine (the
-// default) and the thread-per-connection engine (cpp-httplib, T workers; last session's server).
+// default) and the thread-per-connection engine (cpp-httplib, T workers).
 // Load: C keep-alive connections, one request in flight each (closed loop), driven by an epoll
 // load generator on K threads (as wrk does), plus the same reads from one thread and
-// httplib::Client per connection (last session's client). Case "read": N requests per
+// httplib::Client per connection. Case "read": N requests per
 // connection of GET /v1/revisions/{random id}; "alias-move": M requests per connection of
 // PUT /v1/policies/{random policy}/aliases/serving (a durable catalog commit each);
 // "read-1conn": reads on one connection (the unqueued latency). Reports throughput,
@@ -437,7 +437,7 @@ absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
   LORADB_ASSIGN_OR_RETURN(Seeded seeded, Seed(store.get(), a));
 
   // Two servers over the same store, side by side in this run: the event-loop engine (the
-  // default) and last session's thread-per-connection engine (cpp-httplib, --threads workers).
+  // default) and the thread-per-connection engine (cpp-httplib, --threads workers).
   struct Running {
     std::unique_ptr<http::Server> server;
     std::thread thread;
