@@ -533,7 +533,7 @@ absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
          RunEventLoad(thread_port, a.connections, a.reads, a.client_threads, read_raw), kRead,
          thread_engine, event_client);
   }
-  // Last session's client (one thread and httplib::Client per connection): on two cores its
+  // The thread-per-connection client (one thread and httplib::Client each): on two cores its
   // own threads add scheduling delay to every latency it measures.
   Progress(absl::StrCat("read, thread-per-connection client, both engines"));
   emit("read", a.connections, RunLoad(event_port, a.connections, a.reads, read_one), kRead,
