@@ -1051,7 +1051,7 @@ absl::Status RunMoeLoad(const Flags& f) {
   }
   // Goals on the warm runs (both sides under the same conditions; the published figures do
   // not include a cold disk read either). Cold figures are printed above.
-  // The rule is one goal with two clauses: packed >= 8.5x unpacked (the published
+  // The goal has two clauses: packed >= 8.5x unpacked (the published
   // ratio), or, when our unpacked path is fast enough that the ratio is smaller, unpacked N=4
   // under the published packed figure (0.156 s). One goal line: the clause that applies.
   int n0 = live.contains({4, false}) ? 4 : f.moe.front();

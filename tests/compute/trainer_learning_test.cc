@@ -1,6 +1,6 @@
 // Toy tasks that prove the trainer learns (fixed seeds, generous but meaningful thresholds), and
 // time-sliced multi-policy training matching sequential training. The default run uses short
-// schedules; LORADB_SLOW_TESTS=1 adds the long versions with the thresholds.
+// schedules; LORADB_SLOW_TESTS=1 adds the long versions with the full thresholds.
 #include <gtest/gtest.h>
 
 #include <cstdio>

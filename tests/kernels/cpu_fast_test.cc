@@ -376,7 +376,7 @@ TEST(CpuFastKernels, AccumulatesIntoY) {
   }
 }
 
-// The full cross product of the sweep (minutes on two cores).
+// The full cross product of the kernel sweep (minutes on two cores).
 TEST(CpuFastKernels, FullSweep) {
   LORADB_SLOW_TEST();
   cpu::CpuContext ctx(2);
