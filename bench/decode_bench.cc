@@ -12,7 +12,7 @@
 //    distinct bf16 adapters (the serving layout) through the kernels.
 // `all` runs both. Cases run round-robin --rounds times so that all of them see the same machine
 // load; every figure is the median over the rounds (the merge path runs once: it is slow).
-// Goal lines (issue 6): distinct adapters >= 0.6x base-only decode tokens/s at the same batch
+// Goal lines: distinct adapters >= 0.6x base-only decode tokens/s at the same batch
 // (decoder and bare model); the decoder with distinct adapters >= 2x the merge path.
 // Flags: --batches=16,64 --distinct=1,16,64 --steps=N --prompt=N --rank=N --rounds=N
 // --threads=N (LibTorch intra-op and kernel threads, default 1: on a shared 2-core machine

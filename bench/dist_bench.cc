@@ -1,5 +1,5 @@
 // loradb-bench dist [dp|tp|...] [--flags]: the distributed cases (dist_bench.h).
-//   dp  data-parallel LoRA training throughput (issue 11): the same global batch trained by 1
+//   dp  data-parallel LoRA training throughput: the same global batch trained by 1
 //       and by 2 Gloo ranks on this machine (`dist::RunDpTraining`, ranks launched as copies of
 //       this binary), samples/s of the step loop and the ratio; plus the loss-trajectory match
 //       between the two runs (the correctness goal, measured in the same run). Three runs: 1

@@ -1,5 +1,5 @@
-// loradb-bench dist [CASE] [--flags]: distributed cases (issue 11), one per file so engineers
-// do not share one: bench/dist_bench.cc holds the scenario and the `dp` case; other files add
+// loradb-bench dist [CASE] [--flags]: distributed cases, one per file: bench/dist_bench.cc
+// holds the scenario and the `dp` case; other files add
 // cases with LORADB_REGISTER_DIST_CASE (e.g. `tp`). `loradb-bench dist` runs every case.
 #ifndef LORADB_BENCH_DIST_BENCH_H_
 #define LORADB_BENCH_DIST_BENCH_H_

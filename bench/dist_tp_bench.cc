@@ -1,4 +1,4 @@
-// loradb-bench dist tp | tp-load (issue 11, tensor parallelism; the scenario
+// loradb-bench dist tp | tp-load (tensor parallelism; the scenario
 // lives in dist_bench.cc):
 // - tp: decode throughput of one mixed-adapter batch (4 revisions + base rows)
 // with TP = 1 and

@@ -1,5 +1,5 @@
 // Scenario `kernels`: the multi-LoRA kernels on a Qwen3-4B-shaped projection (2560 -> 4096,
-// rank 16, fp32) at batch 1, 16, 64, 256 (issue 5). Cases:
+// rank 16, fp32) at batch 1, 16, 64, 256. Cases:
 //   cpu (default): two phases per batch.
 //        1. Interleaved with LibTorch: base matmul alone; base + LoRA with 1 adapter; base + LoRA
 //           with 64 distinct adapters (BGMV, fast CPU path); the LoRA calls alone; the reference
@@ -17,8 +17,8 @@
 //        by default, taking the second core from the kernel's second thread in the LoRA call
 //        that follows a matmul (the single-threaded reference does not notice). libgomp reads
 //        OMP_WAIT_POLICY only when it loads, so when it is unset this scenario re-executes
-//        itself with OMP_WAIT_POLICY=PASSIVE (the setting BENCHMARKS.md's kernels command
-//        has always used); an explicit OMP_WAIT_POLICY is kept and reported.
+//        itself with OMP_WAIT_POLICY=PASSIVE (the setting the kernels figures are measured
+//        with); an explicit OMP_WAIT_POLICY is kept and reported.
 //   gpu: BGMV decode on the CUDA kernels, achieved memory bandwidth vs the device's peak (when
 //        the CUDA kernels are built and a GPU is present).
 // Flags: --batches=1,16,64,256 --threads=N --min-seconds=S.

@@ -1,6 +1,6 @@
 // loradb-bench tiers [cold-burst|dedup|traces|moe-load|fixed-buffers|all] [--flags]: the residency
-// tiers (issue 4). See BENCHMARKS.md, section "tiers", for what each case measures and the exact
-// trace definitions.
+// tiers. See docs/bench/notes/measurements.md, section "tiers", for what each case measures and the
+// exact trace definitions.
 //
 // Flags: --dir=PATH (scratch directory for adapter files, default $TMPDIR/loradb-tiers-bench),
 // --requests=N (trace length, default 1000000), --burst=16,64 (cold-burst sizes),
@@ -718,7 +718,8 @@ absl::Status RunColdBurst(const Flags& f) {
       EmitGoal("tiers", absl::StrCat("cold_burst_", id, "_total_vs_sequential"), b.total / seq,
                "<= 2", b.total / seq <= 2.0);
       // The vLLM anchor admits cold adapters one by one at ~1.4 s each. "p95 far below" it,
-      // read three ways from this run's figures (BENCHMARKS.md, tiers/cold-burst, says why):
+      // read three ways from this run's figures (docs/bench/notes/measurements.md,
+      // tiers/cold-burst, says why):
       // (1) the per-adapter admission cost of the burst (total / N) at least 10x below 1.4 s;
       // (2) p95 at least 10x below the anchor's p95 for the same burst: one-by-one admission
       //     puts the 95th-percentile adapter behind 0.95 N others, 0.95 N x 1.4 s;
@@ -1050,7 +1051,7 @@ absl::Status RunMoeLoad(const Flags& f) {
   }
   // Goals on the warm runs (both sides under the same conditions; the published figures do
   // not include a cold disk read either). Cold figures are printed above.
-  // The issue's rule is one goal with two clauses: packed >= 8.5x unpacked (the published
+  // The goal has two clauses: packed >= 8.5x unpacked (the published
   // ratio), or, when our unpacked path is fast enough that the ratio is smaller, unpacked N=4
   // under the published packed figure (0.156 s). One goal line: the clause that applies.
   int n0 = live.contains({4, false}) ? 4 : f.moe.front();
@@ -1114,6 +1115,6 @@ absl::Status RunTiersBench(const std::vector<std::string>& args) {
 }  // namespace loradb::bench
 
 LORADB_REGISTER_SCENARIO({"tiers",
-                          "residency tiers: cold-burst, dedup, traces, moe-load (issue 4)",
+                          "residency tiers: cold-burst, dedup, traces, moe-load",
                           loradb::bench::RunTiersBench,
                           {"all", "--requests=300000", "--burst=16,64", "--moe=4"}});

@@ -1,4 +1,4 @@
-// loradb-bench train: the trainer's two published comparisons (issue 7).
+// loradb-bench train: the trainer's two published comparisons.
 //   handoff     hand a rank-32 policy trained on a Qwen3-0.6B-shaped random base (bf16, CPU) to
 //               a decoder (a) as an adapter revision: publish (bf16, source = checkpoint, alias
 //               moved) + acquire (resolve the alias, read the blob, build the model's adapter),

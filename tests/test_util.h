@@ -33,7 +33,7 @@ class TempDir {
   std::string path_;
 };
 
-// Path of a file in ../shared/testdata.
+// Path of a file in tests/testdata (third-party files, with their licenses; see its README.md).
 inline std::string TestData(const std::string& rel) {
   return std::string(LORADB_TESTDATA_DIR) + "/" + rel;
 }

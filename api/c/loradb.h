@@ -424,8 +424,8 @@ LORADB_EXPORT loradb_status_t loradb_base_add_config(loradb_store_t* store, cons
                                                      size_t config_path_len, const char* weights,
                                                      size_t weights_len, char** errmsg);
 
-/* Every base as a JSON array of {"name", "family", "module_count"} in *json (free with
- * loradb_free), its length in *json_len (may be NULL).
+/* Every base as a JSON array of Base objects (docs/json.md; without the module table) in *json
+ * (free with loradb_free), its length in *json_len (may be NULL).
  * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (json NULL); LORADB_INVALID_HANDLE;
  * LORADB_IO_ERROR. Thread-safe. */
 LORADB_EXPORT loradb_status_t loradb_base_list(loradb_store_t* store, char** json, size_t* json_len,
@@ -449,8 +449,8 @@ LORADB_EXPORT loradb_status_t loradb_policy_create(loradb_store_t* store, const 
 LORADB_EXPORT loradb_status_t loradb_policy_archive(loradb_store_t* store, const char* name,
                                                     size_t name_len, int archived, char** errmsg);
 
-/* Policies in id order with id > after_id, at most `limit` (1..1000), as a JSON array of
- * {"id", "name", "base", "archived", "next_seq"}. *next_cursor (may be NULL) receives the id to
+/* Policies in id order with id > after_id, at most `limit` (1..1000), as a JSON array of Policy
+ * objects (docs/json.md). *next_cursor (may be NULL) receives the id to
  * pass as after_id for the next page, or 0 when there is none.
  * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (json NULL, limit out of range);
  * LORADB_INVALID_HANDLE; LORADB_IO_ERROR. Thread-safe. */
@@ -572,8 +572,7 @@ LORADB_EXPORT loradb_status_t loradb_alias_rollback(loradb_store_t* store, const
                                                     size_t alias_len, uint64_t* revision,
                                                     char** errmsg);
 
-/* The alias's move log, oldest first, as a JSON array of
- * {"time_us", "from_revision", "to_revision", "reason"}.
+/* The alias's move log, oldest first, as a JSON array of AliasLogEntry objects (docs/json.md).
  * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT; LORADB_NOT_FOUND (policy);
  * LORADB_INVALID_HANDLE; LORADB_IO_ERROR. Thread-safe. */
 LORADB_EXPORT loradb_status_t loradb_alias_history(loradb_store_t* store, const char* policy,

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "api/c/loradb.h"
+#include "storage/store/record_json.h"
 #include "storage/store/store.h"
 #include "storage/tiers/store_tiers.h"
 #include "storage/util/status_macros.h"
@@ -743,10 +744,7 @@ loradb_status_t loradb_base_list(loradb_store_t* store, char** json, size_t* jso
     absl::StatusOr<std::vector<loradb::BaseRecord>> bases = store->store->ListBases();
     if (!bases.ok()) return Report(bases.status(), errmsg);
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& b : *bases) {
-      arr.push_back(
-          {{"name", b.name}, {"family", b.arch.family}, {"module_count", b.modules.size()}});
-    }
+    for (const auto& b : *bases) arr.push_back(loradb::BaseJson(b, /*with_modules=*/false));
     return ReturnJson(arr, json, json_len);
   });
 }
@@ -813,11 +811,7 @@ loradb_status_t loradb_policy_list(loradb_store_t* store, uint64_t after_id, siz
         next = arr.back()["id"].get<uint64_t>();
         break;
       }
-      arr.push_back({{"id", p.id},
-                     {"name", p.name},
-                     {"base", p.base},
-                     {"archived", p.archived},
-                     {"next_seq", p.next_seq}});
+      arr.push_back(loradb::PolicyJson(p));
     }
     if (next_cursor != nullptr) *next_cursor = next;
     return ReturnJson(arr, json, json_len);
@@ -1042,12 +1036,7 @@ loradb_status_t loradb_alias_history(loradb_store_t* store, const char* policy, 
         store->store->catalog().AliasLog(pol->id, a);
     if (!log.ok()) return Report(log.status(), errmsg);
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& e : *log) {
-      arr.push_back({{"time_us", e.time_us},
-                     {"from_revision", e.from_revision},
-                     {"to_revision", e.to_revision},
-                     {"reason", e.reason}});
-    }
+    for (const auto& e : *log) arr.push_back(loradb::AliasLogJson(e));
     return ReturnJson(arr, json, json_len);
   });
 }

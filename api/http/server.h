@@ -26,7 +26,8 @@ struct ServerOptions {
   int event_threads = 0;
   // Threads answering mutating calls (durable commits, adapter loads) off the
   // loops. They block in I/O, and concurrent catalog commits overlap (alias moves under 64
-  // connections: ~190 req/s with 4, ~850 with 64; see BENCHMARKS.md), so there are many.
+  // connections: ~190 req/s with 4, ~850 with 64; see docs/bench/notes/measurements.md, http),
+  // so there are many.
   int handler_threads = 64;
   // Threads answering the GETs of routes marked `blocking` (blob reads) off the
   // loops, so a slow disk read never stalls the other connections of a loop. 0: on the loops.

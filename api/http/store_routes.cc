@@ -4,8 +4,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "api/http/record_json.h"
 #include "storage/formats/model_config.h"
+#include "storage/store/record_json.h"
 #include "storage/tiers/store_tiers.h"
 #include "storage/util/status_macros.h"
 
@@ -356,7 +356,7 @@ class StoreApi {
       return absl::InvalidArgumentError("'latest' is maintained by the store and cannot be set");
     }
     LORADB_RETURN_IF_ERROR(store_->SetAlias(p.name, alias, *rev, reason.value_or("set")));
-    return Reply::Json({{"policy", p.name}, {"alias", alias}, {"revision", *rev}});
+    return Reply::Json(AliasJson(p.name, alias, *rev));
   }
 
   absl::StatusOr<Reply> Rollback(const Call& call) const {
@@ -365,7 +365,7 @@ class StoreApi {
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, Policy(call));
     LORADB_ASSIGN_OR_RETURN(std::string alias, Alias(call));
     LORADB_ASSIGN_OR_RETURN(uint64_t rev, store_->Rollback(p.name, alias));
-    return Reply::Json({{"policy", p.name}, {"alias", alias}, {"revision", rev}});
+    return Reply::Json(AliasJson(p.name, alias, rev));
   }
 
   absl::StatusOr<Reply> AliasHistory(const Call& call) const {
@@ -429,11 +429,7 @@ absl::Status AddStoreRoutes(std::shared_ptr<Store> store, Server* server) {
                 {"required", required},
                 {"properties", std::move(properties)}};
   };
-  json alias_value = object({{"policy", {{"type", "string"}}},
-                             {"alias", {{"type", "string"}}},
-                             {"revision", {{"type", "integer"}, {"minimum", 0}}}},
-                            {"policy", "alias", "revision"});
-  alias_value.erase("additionalProperties");
+  json alias_value = RecordSchemas()["Alias"];
 
   // Bases.
   LORADB_RETURN_IF_ERROR(r->Add(MakeRoute(

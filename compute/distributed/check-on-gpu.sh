@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU, CUDA (nvcc) and the pip torch wheel (LibTorch with c10d, Gloo
 # and NCCL): builds loradb with LibTorch + CUDA against that torch, then runs the distributed
-# checks (issue 11):
+# checks:
 #   1. NCCL collectives on the GPU: `loradb dist-check --backend nccl --device cuda`, world 1,
 #      then world 2 (two ranks on one device: NCCL refuses that on some versions ("duplicate
 #      GPU"); reported, not fatal, when the machine has a single GPU), and world = GPU count;

@@ -1,5 +1,5 @@
 // A tensor-parallel greedy decode over a mixed-adapter batch: what the TP tests and
-// `loradb-bench dist tp` run on every rank of a TP group (issue 11). Each rank loads its slice
+// `loradb-bench dist tp` run on every rank of a TP group. Each rank loads its slice
 // of the base (LoadTpModel) and acquires its shard of every revision's adapter through the
 // store's residency tiers placed for its rank (StoreTiers with DeviceSlotsOptions::tp: the CPU
 // tier holds the whole revision, or the rank's derived blob with `derived_dir`; the device slots

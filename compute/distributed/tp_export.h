@@ -1,4 +1,4 @@
-// Export from tensor-parallel adapter state (issue 11): per-rank shards gather back into one
+// Export from tensor-parallel adapter state: per-rank shards gather back into one
 // whole adapter (GatherAdapterShards, storage/tiers/tp_shard.h) that is published as an ordinary
 // revision, the reverse of slicing at load. Blobs are content-addressed, so a gathered revision
 // has the very blob an unsharded (TP = 1) publish of the same factors has.

@@ -1,4 +1,4 @@
-// Loading one TP rank's shard of an adapter revision from storage (issue 11), with the model
+// Loading one TP rank's shard of an adapter revision from storage, with the model
 // config's checks (TpLocalConfig) on top of storage/tiers/tp_shard_load.h. Two ways:
 // - slice at load: the revision's blob is stored whole; the rank reads it and keeps its slice.
 //   ReadAdapterShard does that either by reading the whole blob (every stored tensor's xxh3-64

@@ -1,4 +1,4 @@
-// One tensor-parallel rank's Qwen3 model and adapters (issue 11, docs/distributed.md section 2).
+// One tensor-parallel rank's Qwen3 model and adapters (docs/distributed.md section 2).
 // The rank's model is an ordinary model::Qwen3Model built over the rank's slice of the base
 // (tp_shard.h) with TpLocalConfig's config (its heads and MLP widths divided by the degree);
 // a PartialSumReducer installed on it sums the row-parallel outputs (after o_proj and

@@ -152,11 +152,11 @@ class S3FifoPolicy final : public EvictionPolicy {
 class FrequencySketch {
  public:
   // Rows of 16x `expected_entries` counters; halving every 320x `expected_entries` increments.
-  // Chosen on the trace benchmark (BENCHMARKS.md, tiers/traces): 4-bit counters and plain
-  // count-min updates could not tell the marginal members of a 512-key Zipf hot set apart; with
-  // shifts handled by the detector, a long period (320x; 80x before session 3) counts the
-  // marginal keys precisely enough, and rows of 16x (4x before) keep the long period from
-  // inflating the estimates of fresh keys.
+  // Chosen on the trace benchmark (docs/bench/notes/measurements.md, tiers/traces): 4-bit
+  // counters and plain count-min updates could not tell the marginal members of a 512-key Zipf
+  // hot set apart; with shifts handled by the detector, a long period (320x; 80x did worse on
+  // the traces) counts the marginal keys precisely enough, and rows of 16x (4x did worse) keep
+  // the long period from inflating the estimates of fresh keys.
   explicit FrequencySketch(uint64_t expected_entries) {
     uint64_t n = std::max<uint64_t>(expected_entries, 16);
     uint64_t width = std::bit_ceil(n * 16);

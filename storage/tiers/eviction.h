@@ -13,7 +13,7 @@
 //   probation entries, a count being halved per 64x-entries requests the entry has been idle.
 //   A shift detector (a jump in misses on recently re-requested keys) clears the sketch and
 //   puts protected entries back on probation when the popular keys change wholesale. The
-//   default: see BENCHMARKS.md, section tiers/traces.
+//   default: see docs/bench/notes/measurements.md, section tiers/traces.
 #ifndef LORADB_STORAGE_TIERS_EVICTION_H_
 #define LORADB_STORAGE_TIERS_EVICTION_H_
 

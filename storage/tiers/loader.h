@@ -51,7 +51,8 @@ struct LoaderOptions {
   bool o_direct = true;
   // io_uring: register each destination buffer with the ring (io_uring_register_buffers) and
   // read with READ_FIXED. Off by default: `loradb-bench tiers fixed-buffers` measured it (see
-  // BENCHMARKS.md, tiers); a registration failure (e.g. RLIMIT_MEMLOCK) falls back to plain reads.
+  // docs/bench/notes/measurements.md, tiers); a registration failure (e.g. RLIMIT_MEMLOCK) falls
+  // back to plain reads.
   bool registered_buffers = false;
   // pread backend: worker threads.
   unsigned pread_threads = 8;

@@ -1,5 +1,5 @@
-// Tensor-parallel (TP) sharding of a Qwen3 base and of its LoRA adapters (issue 11,
-// docs/distributed.md section 2). Rank r of TP degree t keeps:
+// Tensor-parallel (TP) sharding of a Qwen3 base and of its LoRA adapters
+// (docs/distributed.md section 2). Rank r of TP degree t keeps:
 // - column-parallel projections (q/k/v, gate/up, per expert too): the base weight's output rows
 //   [r*out/t, (r+1)*out/t) and LoRA B's same rows; LoRA A is replicated;
 // - row-parallel projections (o, down): the base weight's input columns [r*in/t, (r+1)*in/t)

@@ -1,4 +1,4 @@
-// Reading one TP rank's shard of an adapter blob from a file (issue 11; the slicing rules are
+// Reading one TP rank's shard of an adapter blob from a file (the slicing rules are
 // tp_shard.h's). Two ways:
 // - slice at load: the revision's blob is stored whole; the rank reads it and keeps its slice.
 //   ReadAdapterShardFile does that either by reading the whole blob (every stored tensor's

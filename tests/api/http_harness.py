@@ -15,7 +15,6 @@ def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--cli", required=True)
     p.add_argument("--seed", required=True)
-    p.add_argument("--testdata", default="")
     args, rest = p.parse_known_args()
     sys.argv = [sys.argv[0]] + rest
     return args

@@ -1,4 +1,4 @@
-// Export from tensor-parallel state across processes (issue 11): K ranks each hold their shard of
+// Export from tensor-parallel state across processes: K ranks each hold their shard of
 // an adapter, the shards travel to rank 0 over c10d (Gloo on loopback) and rank 0 publishes one
 // revision whose blob hash equals the TP = 1 export of the same weights (`loradb tp-export`,
 // compute/distributed/tp_export.h). A rank dying mid-gather fails the export clearly and

@@ -1,4 +1,4 @@
-// The fast CPU path against the reference over the sweep of issue 5: mixed ranks 1..256 in one
+// The fast CPU path against the reference over the kernel sweep: mixed ranks 1..256 in one
 // batch, hidden 64/2049/4096, batch 1..256, every adapter popularity, empty batches, y_offset
 // slices, BGMV/SGMV/MoE, every dtype pair. Tolerances: fp32 1e-5 relative to the magnitude of the
 // summed terms; bf16/fp16 outputs additionally one ulp of the output dtype (2^-7, 2^-10
@@ -376,7 +376,7 @@ TEST(CpuFastKernels, AccumulatesIntoY) {
   }
 }
 
-// The full cross product of the issue's sweep (minutes on two cores).
+// The full cross product of the kernel sweep (minutes on two cores).
 TEST(CpuFastKernels, FullSweep) {
   LORADB_SLOW_TEST();
   cpu::CpuContext ctx(2);

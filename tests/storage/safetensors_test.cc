@@ -47,7 +47,7 @@ float HalfToFloat(uint16_t h) {
   return sign ? -v : v;
 }
 
-// Element `i` of `t` as a double (numeric dtypes used by the shared test data).
+// Element `i` of `t` as a double (numeric dtypes used by the third-party test data).
 double ElementAsDouble(const TensorView& t, size_t i) {
   const std::byte* p = t.data + i * DTypeSize(t.dtype);
   auto load = [p](auto v) {

@@ -1,4 +1,4 @@
-// The device tier under a tensor-parallel placement (DeviceSlotsOptions::tp, issue 11): slots
+// The device tier under a tensor-parallel placement (DeviceSlotsOptions::tp): slots
 // hold only the rank's shard of each adapter (B of q/k/v/gate/up by output rows, A of o/down by
 // input columns, MoE experts likewise, the other factor whole), the bytes in a slot are exactly
 // the slice of the whole tensor, the arena and Locate count shard bytes, mixed adapters share one

@@ -158,10 +158,10 @@ TEST_F(CliTest, ImportShowLsAliasRollbackExportVerify) {
 
   CliRun al = Cli("alias t/p serving 2 --json");
   ASSERT_EQ(al.rc, 0) << al.err;
-  EXPECT_EQ(al.json()["id"], 2);
+  EXPECT_EQ(al.json()["revision"], 2);
   CliRun rb = Cli("rollback t/p serving --json");
   ASSERT_EQ(rb.rc, 0) << rb.err;
-  EXPECT_EQ(rb.json()["id"], 1);
+  EXPECT_EQ(rb.json()["revision"], 1);
   EXPECT_EQ(Cli("show --json t/p:serving").json()["id"], 1);
 
   ASSERT_EQ(Cli(absl::StrCat("export t/p:serving ", Quote(dir_.file("out")))).rc, 0);

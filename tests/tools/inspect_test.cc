@@ -1,4 +1,5 @@
-// Runs the built `loradb inspect` on every shared test file and on files the test writes.
+// Runs the built `loradb inspect` on every third-party test file (tests/testdata) and on files the
+// test writes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>

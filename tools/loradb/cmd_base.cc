@@ -81,16 +81,6 @@ struct PolicyCreateOpts {
   bool json = false;
 };
 
-nlohmann::json PolicyJson(const PolicyRecord& p) {
-  return {{"id", p.id},
-          {"name", p.name},
-          {"base", p.base},
-          {"labels", p.labels},
-          {"archived", p.archived},
-          {"next_seq", p.next_seq},
-          {"created_us", p.created_us}};
-}
-
 void SetupPolicy(CLI::App* sub, Invocation* inv) {
   sub->require_subcommand(1);
   auto create = sub->add_subcommand("create", "create a policy bound to a base");

@@ -161,7 +161,7 @@ struct AliasOpts {
 
 void PrintAlias(bool json, const std::string& policy, const std::string& alias, uint64_t id) {
   if (json) {
-    PrintJson({{"policy", policy}, {"alias", alias}, {"id", id}});
+    PrintJson(AliasJson(policy, alias, id));
   } else {
     std::printf("%s:%s -> %llu\n", policy.c_str(), alias.c_str(),
                 static_cast<unsigned long long>(id));

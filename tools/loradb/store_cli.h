@@ -1,14 +1,15 @@
 // Helpers shared by the store subcommands (init, base, policy, import, export, ls, show, alias,
-// rollback, rm, verify): opening the store named by --store and describing records as JSON.
+// rollback, rm, verify): opening the store named by --store and describing records. Their JSON
+// is storage/store/record_json.h's, the same as the HTTP endpoint's and the C API's.
 #ifndef LORADB_TOOLS_LORADB_STORE_CLI_H_
 #define LORADB_TOOLS_LORADB_STORE_CLI_H_
 
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "storage/store/record_json.h"
 #include "storage/store/store.h"
 #include "tools/loradb/command.h"
 
@@ -32,14 +33,8 @@ class PolicyNames {
   std::map<uint64_t, std::string> names_;
 };
 
-// The JSON object describing a revision: id, policy, seq, base, tensors, bytes, dtype, layout,
-// r, alpha, use_rslora, state, parent, created_us, blob (hash), source, evals.
-nlohmann::json RevisionJson(const RevisionRecord& r, const std::string& policy_name);
-
 // One text line for a revision.
 std::string RevisionLine(const RevisionRecord& r, const std::string& policy_name);
-
-nlohmann::json BaseJson(const BaseRecord& b, bool with_modules);
 
 }  // namespace loradb::cli
 

@@ -1,6 +1,6 @@
-#include "api/http/record_json.h"
+#include "storage/store/record_json.h"
 
-namespace loradb::http {
+namespace loradb {
 namespace {
 
 using nlohmann::json;
@@ -102,6 +102,10 @@ json RevisionJson(const RevisionRecord& r, const std::string& policy_name) {
           {"evals", evals}};
 }
 
+json AliasJson(const std::string& policy_name, const std::string& alias, uint64_t revision_id) {
+  return {{"policy", policy_name}, {"alias", alias}, {"revision", revision_id}};
+}
+
 json AliasLogJson(const AliasLogEntry& e) {
   return {{"alias", e.alias},
           {"time_us", e.time_us},
@@ -179,6 +183,7 @@ json RecordSchemas() {
                        {"created_us", Int()},
                        {"state", {{"type", "string"}, {"enum", {"live", "deleted"}}}},
                        {"evals", MapOf(Num())}});
+  json alias = Obj({{"policy", Str()}, {"alias", Str()}, {"revision", UInt()}});
   json log = Obj({{"alias", Str()},
                   {"time_us", Int()},
                   {"from_revision", UInt()},
@@ -196,8 +201,9 @@ json RecordSchemas() {
                          {"rng_state_bytes", UInt()},
                          {"rollout", Ref("BlobRef")},
                          {"created_us", Int()}});
-  return {{"BlobRef", blob},      {"Base", base},         {"Policy", policy},
-          {"Revision", revision}, {"AliasLogEntry", log}, {"Checkpoint", checkpoint}};
+  return {{"BlobRef", blob},         {"Base", base},         {"Policy", policy},
+          {"Revision", revision},    {"Alias", alias},       {"AliasLogEntry", log},
+          {"Checkpoint", checkpoint}};
 }
 
-}  // namespace loradb::http
+}  // namespace loradb
