@@ -172,8 +172,8 @@ absl::Status ParseFeatures(const Json& j, LoraConfig* c) {
   if (auto it = j.find("bias"); it != j.end() && !it->is_null()) {
     if (!it->is_string() || (it->get<std::string>() != "none" && it->get<std::string>() != "all" &&
                              it->get<std::string>() != "lora_only")) {
-      return Invalid(absl::StrCat("bias must be \"none\", \"all\" or \"lora_only\", got ",
-                                  it->dump()));
+      return Invalid(
+          absl::StrCat("bias must be \"none\", \"all\" or \"lora_only\", got ", it->dump()));
     }
     c->bias = it->get<std::string>();
   }
@@ -182,8 +182,8 @@ absl::Status ParseFeatures(const Json& j, LoraConfig* c) {
   if (auto it = j.find("trainable_token_indices"); it != j.end() && !it->is_null()) {
     if (it->is_array()) {
       c->trainable_token_indices.emplace_back();
-      LORADB_RETURN_IF_ERROR(ReadTokenIds(*it, "trainable_token_indices",
-                                          &c->trainable_token_indices.back().second));
+      LORADB_RETURN_IF_ERROR(
+          ReadTokenIds(*it, "trainable_token_indices", &c->trainable_token_indices.back().second));
     } else if (it->is_object()) {
       for (auto p = it->begin(); p != it->end(); ++p) {
         c->trainable_token_indices.emplace_back(p.key(), std::vector<int64_t>());
@@ -614,9 +614,9 @@ absl::Status RefuseUnapplied(uint32_t used, uint32_t applied, absl::string_view 
   for (uint32_t bit = 1; bit != 0; bit <<= 1) {
     if ((missing & bit) != 0) names.emplace_back(PeftFeatureName(static_cast<PeftFeature>(bit)));
   }
-  return absl::UnimplementedError(absl::StrCat(
-      who, " cannot apply ", absl::StrJoin(names, ", "),
-      ", which this adapter uses (the adapter stays stored and exports unchanged)"));
+  return absl::UnimplementedError(
+      absl::StrCat(who, " cannot apply ", absl::StrJoin(names, ", "),
+                   ", which this adapter uses (the adapter stays stored and exports unchanged)"));
 }
 
 absl::Status ValidateLoraTensors(const LoraConfig& config, const std::vector<TensorView>& tensors) {
@@ -677,10 +677,10 @@ absl::Status ValidateLoraTensors(const LoraConfig& config, const std::vector<Ten
       // target_parameters: PEFT nests one wrapper per targeted parameter of the module and
       // stacks r rows per expert into A ([r * experts, in]).
       if (static_cast<size_t>(where.second) >= params.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", p.a->name, "\": ", where.second,
-            " base_layer wrapper(s), but target_parameters names ", params.size(),
-            " parameter(s) of module \"", key, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", p.a->name, "\": ", where.second,
+                         " base_layer wrapper(s), but target_parameters names ", params.size(),
+                         " parameter(s) of module \"", key, "\""));
       }
       bool fits = false;
       for (const std::string& param : params) fits |= rank % config.RankFor(param) == 0;
@@ -719,8 +719,9 @@ absl::Status ValidateLoraTensors(const LoraConfig& config, const std::vector<Ten
       case PeftTensorKind::kTrainableTokens: {
         const std::vector<int64_t>* ids = TokenIndicesFor(config, n.module_key);
         if (ids == nullptr) {
-          return BadTensor(*t, "trainable token deltas, but trainable_token_indices names no "
-                               "such module");
+          return BadTensor(*t,
+                           "trainable token deltas, but trainable_token_indices names no "
+                           "such module");
         }
         if (t->shape.size() != 2 || t->shape[0] != static_cast<int64_t>(ids->size())) {
           return BadTensor(*t, absl::StrCat("trainable token delta has shape ",

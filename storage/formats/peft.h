@@ -39,7 +39,8 @@ struct LoraConfig {
   std::string task_type;                // empty when null
   // Features beyond plain LoRA. They are read from the file; FillJson writes back the ones a
   // conversion may change (target_parameters, target_modules) and raw_json keeps the rest.
-  bool fan_in_fan_out = false;  // Conv1D-style [in, out] base weights; LoRA A/B stay [r, in] / [out, r]
+  bool fan_in_fan_out =
+      false;  // Conv1D-style [in, out] base weights; LoRA A/B stay [r, in] / [out, r]
   bool use_dora = false;
   bool lora_bias = false;
   std::string bias = "none";  // "none", "all" or "lora_only"

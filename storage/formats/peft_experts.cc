@@ -70,7 +70,8 @@ bool IsExpertsModule(const std::string& module_key, const ExpertsLayout& layout)
   int64_t layer = 0;
   absl::string_view before = dot == absl::string_view::npos ? "" : head.substr(0, dot + 1);
   return absl::SimpleAtoi(head.substr(dot == absl::string_view::npos ? 0 : dot + 1), &layer) &&
-         absl::EndsWith(before, "layers.") && (before.size() == 7 || absl::EndsWith(before, ".layers."));
+         absl::EndsWith(before, "layers.") &&
+         (before.size() == 7 || absl::EndsWith(before, ".layers."));
 }
 
 // For a per-expert module key "<experts module>.<e>.<part>": the experts module key, e, part.
@@ -119,8 +120,7 @@ ExpertsLayout Qwen3MoeExpertsLayout(int64_t num_experts, int64_t hidden_size,
   return l;
 }
 
-absl::StatusOr<TensorSet> UnfuseTargetParameters(const LoraConfig& config,
-                                                 const TensorSet& tensors,
+absl::StatusOr<TensorSet> UnfuseTargetParameters(const LoraConfig& config, const TensorSet& tensors,
                                                  const ExpertsLayout& layout,
                                                  LoraConfig* per_expert) {
   LORADB_ASSIGN_OR_RETURN(std::vector<size_t> targeted, TargetedParameters(config, layout));
@@ -177,32 +177,33 @@ absl::StatusOr<TensorSet> UnfuseTargetParameters(const LoraConfig& config,
           " experts, but the base has ", experts, " (num_experts)"));
     }
     if (a.shape[1] != param.in || b.shape[0] != param.out()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter ", key, ": lora_A ", ShapeString(a.shape), " / lora_B ",
-                       ShapeString(b.shape), " do not fit the base's [", experts, ", ",
-                       param.out(), ", ", param.in, "] (want A [", r * experts, ", ", param.in,
-                       "], B [", param.out(), ", ", r * experts, "])"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", key, ": lora_A ", ShapeString(a.shape), " / lora_B ", ShapeString(b.shape),
+          " do not fit the base's [", experts, ", ", param.out(), ", ", param.in, "] (want A [",
+          r * experts, ", ", param.in, "], B [", param.out(), ", ", r * experts, "])"));
     }
     const size_t ea = DTypeSize(a.dtype);
     const size_t eb = DTypeSize(b.dtype);
     for (int64_t e = 0; e < experts; ++e) {
       int64_t row0 = 0;
       for (const auto& [part, rows] : param.parts) {
-        TensorView av{PerExpertName(module_key, e, part, LoraSide::kA), a.dtype,
-                      {r, param.in}, a.data + static_cast<size_t>(e * r * param.in) * ea,
+        TensorView av{PerExpertName(module_key, e, part, LoraSide::kA),
+                      a.dtype,
+                      {r, param.in},
+                      a.data + static_cast<size_t>(e * r * param.in) * ea,
                       static_cast<size_t>(r * param.in) * ea};
         out.push_back(std::move(av));
         const size_t nb = static_cast<size_t>(rows * r) * eb;
         std::byte* dst = buffers->Allocate(nb);
         for (int64_t o = 0; o < rows; ++o) {
           for (int64_t k = 0; k < r; ++k) {
-            std::memcpy(dst + static_cast<size_t>(o * r + k) * eb,
-                        b.data + static_cast<size_t>((row0 + o) * r * experts + k * experts + e) * eb,
-                        eb);
+            std::memcpy(
+                dst + static_cast<size_t>(o * r + k) * eb,
+                b.data + static_cast<size_t>((row0 + o) * r * experts + k * experts + e) * eb, eb);
           }
         }
-        out.push_back(TensorView{PerExpertName(module_key, e, part, LoraSide::kB), b.dtype,
-                                 {rows, r}, dst, nb});
+        out.push_back(TensorView{
+            PerExpertName(module_key, e, part, LoraSide::kB), b.dtype, {rows, r}, dst, nb});
         row0 += rows;
       }
     }
@@ -247,9 +248,9 @@ absl::StatusOr<TensorSet> FuseTargetParameters(const LoraConfig& config, const T
                      LoraSide side) -> absl::StatusOr<const TensorView*> {
         auto it = parts.find({part, e, side});
         if (it == parts.end()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "cannot rebuild target_parameters ", experts, ".", param.name, ": \"",
-              PerExpertName(experts, e, part, side), "\" is missing"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("cannot rebuild target_parameters ", experts, ".", param.name, ": \"",
+                           PerExpertName(experts, e, part, side), "\" is missing"));
         }
         return it->second;
       };
@@ -277,10 +278,10 @@ absl::StatusOr<TensorSet> FuseTargetParameters(const LoraConfig& config, const T
           if (row0 == 0) {
             std::memcpy(a_e, pa->data, a_bytes);
           } else if (std::memcmp(a_e, pa->data, a_bytes) != 0) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "cannot export in the target_parameters layout: \"", pa->name,
-                "\" differs from the A of ", param.parts[0].first, " (", param.name,
-                " shares one A per expert); export with the per-expert layout"));
+            return absl::FailedPreconditionError(
+                absl::StrCat("cannot export in the target_parameters layout: \"", pa->name,
+                             "\" differs from the A of ", param.parts[0].first, " (", param.name,
+                             " shares one A per expert); export with the per-expert layout"));
           }
           for (int64_t o = 0; o < rows; ++o) {
             for (int64_t j = 0; j < r; ++j) {
@@ -291,10 +292,13 @@ absl::StatusOr<TensorSet> FuseTargetParameters(const LoraConfig& config, const T
           row0 += rows;
         }
       }
-      out.push_back(TensorView{FusedName(experts, depth, LoraSide::kA), a0->dtype,
-                               {r * num, param.in}, a, a_bytes * static_cast<size_t>(num)});
-      out.push_back(TensorView{FusedName(experts, depth, LoraSide::kB), b0->dtype,
-                               {param.out(), r * num}, b, b_bytes});
+      out.push_back(TensorView{FusedName(experts, depth, LoraSide::kA),
+                               a0->dtype,
+                               {r * num, param.in},
+                               a,
+                               a_bytes * static_cast<size_t>(num)});
+      out.push_back(TensorView{
+          FusedName(experts, depth, LoraSide::kB), b0->dtype, {param.out(), r * num}, b, b_bytes});
     }
   }
   TensorSet set(std::static_pointer_cast<const void>(std::shared_ptr<Buffers>(buffers)));
@@ -336,9 +340,9 @@ absl::StatusOr<LoraConfig> PerExpertConfig(const LoraConfig& config,
       }
     }
     if (out.target_modules_is_regex) {
-      out.target_modules[0] = absl::StrCat("(?:", out.target_modules[0], ")|(?:.*\\.",
-                                           EscapeRegex(layout.module), "\\.[0-9]+\\.(?:",
-                                           absl::StrJoin(parts, "|"), "))");
+      out.target_modules[0] =
+          absl::StrCat("(?:", out.target_modules[0], ")|(?:.*\\.", EscapeRegex(layout.module),
+                       "\\.[0-9]+\\.(?:", absl::StrJoin(parts, "|"), "))");
     }
     for (const std::string& m : modules) {
       const std::string key = absl::StrCat(m, ".", param.name);

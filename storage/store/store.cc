@@ -66,9 +66,10 @@ absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
     const peft::PeftTensorInfo info = peft::ClassifyPeftTensor(t.name);
     if (info.kind != peft::PeftTensorKind::kLora) continue;
     if (info.depth > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name, "' is in PEFT's target_parameters layout: import it as a PEFT "
-          "directory whose adapter_config.json names its target_parameters"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name,
+                       "' is in PEFT's target_parameters layout: import it as a PEFT "
+                       "directory whose adapter_config.json names its target_parameters"));
     }
     LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName n, peft::ParsePeftTensorName(t.name));
     const bool side_b = n.side == peft::LoraSide::kB;
@@ -100,9 +101,9 @@ absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
 // The fused expert parameters of `base`, for adapters in PEFT's target_parameters layout.
 absl::StatusOr<peft::ExpertsLayout> ExpertsLayoutFor(const BaseRecord& base) {
   if (base.arch.family != "qwen3_moe" || base.arch.num_experts <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "target_parameters: base '", base.name, "' (", base.arch.family,
-        ") has no fused expert parameters (only qwen3_moe bases with experts do)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_parameters: base '", base.name, "' (", base.arch.family,
+                     ") has no fused expert parameters (only qwen3_moe bases with experts do)"));
   }
   return peft::Qwen3MoeExpertsLayout(base.arch.num_experts, base.arch.hidden_size,
                                      base.arch.intermediate_size);

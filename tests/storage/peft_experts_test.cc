@@ -24,7 +24,7 @@ struct FusedAdapter {
         R"({"r":2,"lora_alpha":4,"target_modules":["q_proj"],"rank_pattern":{"down_proj":1},)"
         R"("target_parameters":["mlp.experts.down_proj","mlp.experts.gate_up_proj"]})");
     const std::string m = "model.layers.0.mlp.experts";
-    Add(m + ".base_layer", LoraSide::kA, {2 * kE, kH}, 0);      // gate_up A [r*E, H]
+    Add(m + ".base_layer", LoraSide::kA, {2 * kE, kH}, 0);        // gate_up A [r*E, H]
     Add(m + ".base_layer", LoraSide::kB, {2 * kI, 2 * kE}, 100);  // gate_up B [2I, r*E]
     Add(m, LoraSide::kA, {1 * kE, kI}, 200);                      // down A [r*E, I]
     Add(m, LoraSide::kB, {kH, 1 * kE}, 300);                      // down B [H, r*E]

@@ -288,9 +288,11 @@ TEST_F(StoreTest, PeftDirImportExportRoundTripsBytes) {
   std::vector<TensorView> dora = a.views;
   std::vector<float> mags(16, 1.5f);
   dora.push_back({"base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector",
-                        DType::kF32, {16}, reinterpret_cast<const std::byte*>(mags.data()), 64});
-  ASSERT_TRUE(peft::WritePeftDir(dir_.file("dora"), *peft::ParseLoraConfig(dora_cfg), dora)
-                  .ok());
+                  DType::kF32,
+                  {16},
+                  reinterpret_cast<const std::byte*>(mags.data()),
+                  64});
+  ASSERT_TRUE(peft::WritePeftDir(dir_.file("dora"), *peft::ParseLoraConfig(dora_cfg), dora).ok());
   auto stored = store_->PublishPeftDir("acme/support", dir_.file("dora"));
   ASSERT_TRUE(stored.ok()) << stored.status();
   ASSERT_TRUE(store_->ExportPeftDir(*stored, dir_.file("dora-out")).ok());
@@ -301,8 +303,7 @@ TEST_F(StoreTest, PeftDirImportExportRoundTripsBytes) {
   }
   dora.back().shape = {8};
   dora.back().nbytes = 32;
-  ASSERT_TRUE(
-      safetensors::WriteFile(dir_.file("dora/adapter_model.safetensors"), dora, {}).ok());
+  ASSERT_TRUE(safetensors::WriteFile(dir_.file("dora/adapter_model.safetensors"), dora, {}).ok());
   auto bad = store_->PublishPeftDir("acme/support", dir_.file("dora"));
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
   EXPECT_NE(bad.status().message().find("DoRA magnitude has shape [8], want [16]"),

@@ -184,8 +184,9 @@ void PrintText(const std::string& path, const Inspection& in) {
       absl::StrAppend(&out, "  modules_to_save: [", absl::StrJoin(c.modules_to_save, ", "), "]\n");
     }
     const std::vector<std::string> features = FeatureNames(c, in.tensors);
-    absl::StrAppend(&out, "features: ",
-                    features.empty() ? "(plain LoRA)" : absl::StrJoin(features, "; "), "\n");
+    absl::StrAppend(&out,
+                    "features: ", features.empty() ? "(plain LoRA)" : absl::StrJoin(features, "; "),
+                    "\n");
   }
   if (in.layout && !in.layout->groups.empty()) {
     absl::StrAppend(&out, "groups:\n");

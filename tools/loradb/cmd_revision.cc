@@ -73,10 +73,10 @@ void SetupExport(CLI::App* sub, Invocation* inv) {
   OnStore(sub, inv, [o](Store& store) -> absl::Status {
     auto rev = store.Resolve(o->ref);
     if (!rev.ok()) return rev.status();
-    absl::Status st = store.ExportPeftDir(*rev, o->out,
-                                          o->layout == "per-expert"
-                                              ? Store::PeftExportLayout::kPerExpert
-                                              : Store::PeftExportLayout::kAsImported);
+    absl::Status st =
+        store.ExportPeftDir(*rev, o->out,
+                            o->layout == "per-expert" ? Store::PeftExportLayout::kPerExpert
+                                                      : Store::PeftExportLayout::kAsImported);
     if (!st.ok()) return st;
     PolicyNames names(store);
     if (o->json) {
