@@ -215,6 +215,14 @@ absl::StatusOr<const model::LoraAdapter*> Decoder::AdapterFor(const tiers::Devic
     at::Tensor a, b;
   };
   std::map<std::string, Pair> modules;
+  // A PEFT feature the decoder does not apply refuses the revision by name (never dropped).
+  std::vector<std::string> names;
+  names.reserve(dev.tensors.size());
+  for (const tiers::DeviceTensor& t : dev.tensors) names.push_back(t.name);
+  LORADB_ASSIGN_OR_RETURN(uint32_t features,
+                          peft::StoredAdapterFeatures(config, dev.metadata, names));
+  LORADB_RETURN_IF_ERROR(peft::RefuseUnapplied(
+      features, /*applied=*/0, absl::StrCat("the decoder (revision ", revision, ")")));
   for (const tiers::DeviceTensor& t : dev.tensors) {
     LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName name, peft::ParsePeftTensorName(t.name));
     if (name.embedding) {

@@ -44,6 +44,10 @@ absl::StatusOr<LoraAdapter> LoraAdapterFromPeft(const ModelConfig& config,
     std::string key;
   };
   std::map<std::string, Pair> modules;
+  // A PEFT feature the model does not apply refuses the adapter by name (never dropped).
+  LORADB_RETURN_IF_ERROR(
+      peft::RefuseUnapplied(peft::PeftFeaturesUsed(adapter.config, adapter.tensors.tensors()),
+                            /*applied=*/0, "the model's PEFT adapter loader"));
   for (const TensorView& v : adapter.tensors.tensors()) {
     LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName n, peft::ParsePeftTensorName(v.name));
     if (n.embedding) {

@@ -195,6 +195,13 @@ absl::Status SetReferenceFromRevision(const Store& store, Trainer* trainer, int 
   // The revision's scales as PEFT computes them (alpha / r or / sqrt(r), per-module patterns).
   const peft::LoraConfig config = ToPeftConfig(rev.lora);
   LORADB_ASSIGN_OR_RETURN(TensorSet set, store.ReadTensors(rev));
+  // A PEFT feature the trainer does not apply refuses the reference by name (never dropped).
+  std::vector<std::string> names;
+  for (const TensorView& v : set.tensors()) names.push_back(v.name);
+  LORADB_ASSIGN_OR_RETURN(uint32_t features,
+                          peft::StoredAdapterFeatures(config, set.metadata(), names));
+  LORADB_RETURN_IF_ERROR(peft::RefuseUnapplied(
+      features, /*applied=*/0, absl::StrCat("the trainer (reference revision ", rev.id, ")")));
   struct Pair {
     std::string key;
     at::Tensor a, b;

@@ -1,10 +1,13 @@
 // PEFT LoRA adapter directories: `adapter_config.json` + `adapter_model.safetensors`, as written
-// by Hugging Face PEFT's `save_pretrained`. Only plain LoRA is supported; every config feature
-// that changes the math or adds tensors (DoRA, modules_to_save, biases, fan_in_fan_out, ...) is
-// refused with an error naming it, never dropped silently.
+// by Hugging Face PEFT's `save_pretrained`. Every LoRA feature PEFT saves is read and kept (DoRA
+// magnitudes, lora_B biases, modules_to_save weights, trainable tokens, target_parameters,
+// fan_in_fan_out, ...): tensors are validated against the config that declares them and written
+// back unchanged. A consumer that cannot apply a feature refuses the adapter naming it
+// (RefuseUnapplied), never by dropping tensors.
 #ifndef LORADB_STORAGE_FORMATS_PEFT_H_
 #define LORADB_STORAGE_FORMATS_PEFT_H_
 
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,6 +21,8 @@ namespace loradb::peft {
 
 inline constexpr char kConfigFile[] = "adapter_config.json";
 inline constexpr char kWeightsFile[] = "adapter_model.safetensors";
+// The blob metadata key under which an imported adapter_config.json is kept verbatim.
+inline constexpr char kStoredConfigKey[] = "loradb.peft_adapter_config";
 
 // The LoRA part of a PEFT adapter_config.json.
 struct LoraConfig {
@@ -32,6 +37,19 @@ struct LoraConfig {
   bool target_modules_is_regex = false;
   std::string base_model_name_or_path;  // empty when null
   std::string task_type;                // empty when null
+  // Features beyond plain LoRA. They are read from the file; FillJson writes back the ones a
+  // conversion may change (target_parameters, target_modules) and raw_json keeps the rest.
+  bool fan_in_fan_out =
+      false;  // Conv1D-style [in, out] base weights; LoRA A/B stay [r, in] / [out, r]
+  bool use_dora = false;
+  bool lora_bias = false;
+  std::string bias = "none";  // "none", "all" or "lora_only"
+  std::vector<std::string> modules_to_save;
+  // trainable_token_indices: module -> token ids; a plain list is stored under the key "".
+  std::vector<std::pair<std::string, std::vector<int64_t>>> trainable_token_indices;
+  std::vector<std::string> target_parameters;  // e.g. "mlp.experts.gate_up_proj"
+  // PeftFeature bits of config-only features that change the math (layer_replication, ...).
+  uint32_t config_features = 0;
   // The adapter_config.json text this config was read from (empty for a config built in code).
   // WritePeftDir writes it back verbatim when the fields above still agree with it.
   std::string raw_json;
@@ -49,13 +67,78 @@ struct LoraConfig {
   [[nodiscard]] absl::StatusOr<std::string> ToJson() const;
 };
 
-// Parses adapter_config.json text. InvalidArgument for malformed JSON, a missing or bad `r` /
-// `lora_alpha`, bad patterns, or a peft_type other than LORA; Unimplemented naming the feature
-// for use_dora, modules_to_save, bias != "none", fan_in_fan_out, lora_bias, layer_replication,
-// trainable_token_indices, target_parameters, alora_invocation_tokens, use_qalora.
+// Parses adapter_config.json text. InvalidArgument for malformed JSON, a bad `r` / `lora_alpha`,
+// bad patterns or a malformed feature field; Unimplemented for a peft_type other than LORA.
 [[nodiscard]] absl::StatusOr<LoraConfig> ParseLoraConfig(const std::string& json_text);
 
 enum class LoraSide : uint8_t { kA, kB };
+
+// The features a PEFT LoRA adapter may use beyond plain LoRA on linear layers (bits).
+enum PeftFeature : uint32_t {
+  kFeatureEmbeddingLora = 1u << 0,     // lora_embedding_A / lora_embedding_B
+  kFeatureDora = 1u << 1,              // use_dora: <module>.lora_magnitude_vector
+  kFeatureLoraBias = 1u << 2,          // lora_bias: <module>.lora_B.bias
+  kFeatureModulesToSave = 1u << 3,     // modules_to_save: whole-module weights
+  kFeatureTrainableTokens = 1u << 4,   // trainable_token_indices: trainable_tokens_delta
+  kFeatureTargetParameters = 1u << 5,  // target_parameters: LoRA on (expert) parameters
+  kFeatureBias = 1u << 6,              // bias = "all" / "lora_only": trained base biases
+  kFeatureBaseLayerWeights = 1u << 7,  // <module>.base_layer.weight (save_embedding_layers)
+  kFeatureLayerReplication = 1u << 8,  // layer_replication
+  kFeatureAlora = 1u << 9,             // alora_invocation_tokens (activated LoRA)
+  kFeatureQalora = 1u << 10,           // use_qalora
+  kFeatureBdLora = 1u << 11,           // use_bdlora
+  kFeatureArrow = 1u << 12,            // arrow_config
+  kFeatureKasa = 1u << 13,             // kasa_config
+  kFeatureVelora = 1u << 14,           // velora_config
+  kFeatureMonteclora = 1u << 15,       // monteclora_config
+};
+
+// The feature's name as PEFT spells it, e.g. "use_dora (lora_magnitude_vector)".
+absl::string_view PeftFeatureName(PeftFeature feature);
+
+// What one tensor of a PEFT adapter file is.
+enum class PeftTensorKind : uint8_t {
+  kLora,             // <module>.lora_A.weight / .lora_B.weight / .lora_embedding_A / _B
+  kLoraBias,         // <module>.lora_B.bias
+  kMagnitude,        // <module>.lora_magnitude_vector
+  kTrainableTokens,  // <module>.token_adapter.trainable_tokens_delta
+  kOther,            // any other weight: modules_to_save, base biases, base_layer weights
+};
+
+struct PeftTensorInfo {
+  PeftTensorKind kind = PeftTensorKind::kOther;
+  // Name inside the base model with any trailing ".base_layer" removed (kOther: the name
+  // without its last component, e.g. "classifier" for "base_model.model.classifier.weight").
+  std::string module_key;
+  LoraSide side = LoraSide::kA;
+  bool embedding = false;
+  // kLora: how many ".base_layer" wrappers precede lora_A/B (target_parameters nesting: PEFT
+  // wraps the module once per targeted parameter, the first registered parameter innermost).
+  int depth = 0;
+};
+
+// Classifies a tensor name of a PEFT adapter file (never fails).
+PeftTensorInfo ClassifyPeftTensor(const std::string& name);
+
+// The PeftFeature bits the config itself declares as changing the math (use_dora and the
+// config-only features such as layer_replication), and those one tensor named `name` uses.
+// kFeatureTargetParameters counts only for tensors in PEFT's target_parameters layout (a
+// revision stored in the per-expert layout does not use it).
+uint32_t PeftConfigFeatures(const LoraConfig& config);
+uint32_t PeftTensorFeatures(const LoraConfig& config, const std::string& name);
+// PeftConfigFeatures plus PeftTensorFeatures of every tensor.
+uint32_t PeftFeaturesUsed(const LoraConfig& config, const std::vector<TensorView>& tensors);
+
+// The features a stored adapter uses: its tensors are named `names`, its config is the one kept
+// in `metadata` under kStoredConfigKey (an import's adapter_config.json), else `fallback`.
+// InvalidArgument when the kept config does not parse.
+[[nodiscard]] absl::StatusOr<uint32_t> StoredAdapterFeatures(
+    const LoraConfig& fallback, const std::map<std::string, std::string>& metadata,
+    const std::vector<std::string>& names);
+
+// OK when every bit of `used` is in `applied`; else Unimplemented: "<who> cannot apply <feature
+// names> ...", naming every unapplied feature.
+[[nodiscard]] absl::Status RefuseUnapplied(uint32_t used, uint32_t applied, absl::string_view who);
 
 // A parsed PEFT LoRA tensor name, e.g.
 // "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" ->
@@ -79,9 +162,13 @@ struct PeftAdapter {
   TensorSet tensors;  // named as in the file; views into the mapped adapter_model.safetensors
 };
 
-// Checks that `tensors` form a LoRA adapter `config` can describe: every name parses, every
-// module has exactly one A and one B, both 2-D, with ranks agreeing with each other and with
-// config.RankFor(module_key). InvalidArgument naming the first offending tensor.
+// Checks that `tensors` form a LoRA adapter `config` can describe: every module has exactly one A
+// and one B, both 2-D, with ranks agreeing with each other and with config.RankFor(module_key)
+// (for target_parameters, a multiple of it: PEFT stacks r per expert); DoRA magnitudes and
+// lora_B biases are 1-D of the module's out size and need use_dora / lora_bias; trainable token
+// deltas are [tokens, dim] with one row per configured index; any other tensor needs a config
+// feature that saves it (modules_to_save, bias, a base_layer weight). InvalidArgument naming the
+// first offending tensor.
 [[nodiscard]] absl::Status ValidateLoraTensors(const LoraConfig& config,
                                                const std::vector<TensorView>& tensors);
 

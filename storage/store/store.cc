@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "storage/formats/model_config.h"
 #include "storage/formats/peft.h"
+#include "storage/formats/peft_experts.h"
 #include "storage/formats/safetensors.h"
 #include "storage/store/adapter_blob.h"
 #include "storage/store/lora_peft.h"
@@ -53,13 +54,23 @@ std::string Dirname(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-// Checks every tensor against the base's module table (the compatibility rule) and returns the
-// rank it implies (the largest A rank).
+// Checks every LoRA A/B tensor against the base's module table (the compatibility rule) and
+// returns the rank it implies (the largest A rank). Other PEFT tensors (DoRA magnitudes, lora_B
+// biases, modules_to_save weights, ...) are checked against their module's LoRA pair by
+// peft::ValidateLoraTensors.
 absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
                                         const std::vector<TensorView>& tensors) {
   if (tensors.empty()) return absl::InvalidArgumentError("an adapter needs at least one tensor");
   int32_t max_r = 0;
   for (const TensorView& t : tensors) {
+    const peft::PeftTensorInfo info = peft::ClassifyPeftTensor(t.name);
+    if (info.kind != peft::PeftTensorKind::kLora) continue;
+    if (info.depth > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name,
+                       "' is in PEFT's target_parameters layout: import it as a PEFT "
+                       "directory whose adapter_config.json names its target_parameters"));
+    }
     LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName n, peft::ParsePeftTensorName(t.name));
     const bool side_b = n.side == peft::LoraSide::kB;
     const ModuleShape* m = base.FindModule(n.module);
@@ -87,7 +98,18 @@ absl::StatusOr<int32_t> CheckCompatible(const BaseRecord& base,
   return max_r;
 }
 
-constexpr char kPeftConfigKey[] = "loradb.peft_adapter_config";
+// The fused expert parameters of `base`, for adapters in PEFT's target_parameters layout.
+absl::StatusOr<peft::ExpertsLayout> ExpertsLayoutFor(const BaseRecord& base) {
+  if (base.arch.family != "qwen3_moe" || base.arch.num_experts <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_parameters: base '", base.name, "' (", base.arch.family,
+                     ") has no fused expert parameters (only qwen3_moe bases with experts do)"));
+  }
+  return peft::Qwen3MoeExpertsLayout(base.arch.num_experts, base.arch.hidden_size,
+                                     base.arch.intermediate_size);
+}
+
+constexpr const char* kPeftConfigKey = peft::kStoredConfigKey;
 
 std::string CommonDType(const std::vector<TensorView>& tensors) {
   std::string d;
@@ -101,6 +123,12 @@ std::string CommonDType(const std::vector<TensorView>& tensors) {
   }
   return d;
 }
+
+// The config a revision's tensors are validated against: the LoRA settings, plus the feature
+// fields of the PEFT config kept in the blob metadata (an import's adapter_config.json). A
+// target_parameters adapter is stored per expert, so its target_parameters are not carried.
+absl::StatusOr<peft::LoraConfig> ValidationConfig(const LoraSettings& lora,
+                                                  const std::map<std::string, std::string>& meta);
 
 }  // namespace
 
@@ -129,6 +157,26 @@ LoraSettings FromPeftConfig(const peft::LoraConfig& c) {
   s.target_modules = c.target_modules;
   return s;
 }
+
+namespace {
+
+absl::StatusOr<peft::LoraConfig> ValidationConfig(const LoraSettings& lora,
+                                                  const std::map<std::string, std::string>& meta) {
+  peft::LoraConfig c = ToPeftConfig(lora);
+  auto it = meta.find(kPeftConfigKey);
+  if (it == meta.end()) return c;
+  LORADB_ASSIGN_OR_RETURN(peft::LoraConfig raw, peft::ParseLoraConfig(it->second));
+  c.fan_in_fan_out = raw.fan_in_fan_out;
+  c.use_dora = raw.use_dora;
+  c.lora_bias = raw.lora_bias;
+  c.bias = raw.bias;
+  c.modules_to_save = raw.modules_to_save;
+  c.trainable_token_indices = raw.trainable_token_indices;
+  c.config_features = raw.config_features;
+  return c;
+}
+
+}  // namespace
 
 Store::Store(std::string dir, std::string blob_root, std::shared_ptr<Catalog> catalog)
     : dir_(std::move(dir)), blob_root_(std::move(blob_root)), catalog_(std::move(catalog)) {}
@@ -315,8 +363,10 @@ absl::StatusOr<RevisionRecord> Store::PublishTensors(const std::string& policy_n
   LoraSettings lora = options.lora;
   if (lora.r == 0) lora.r = r;
   if (lora.alpha == 0) lora.alpha = static_cast<float>(lora.r);
-  // Every module has one A and one B, 2-D, floating point, ranks matching the settings.
-  LORADB_RETURN_IF_ERROR(peft::ValidateLoraTensors(ToPeftConfig(lora), tensors));
+  // Every module has one A and one B, 2-D, floating point, ranks matching the settings; every
+  // other tensor belongs to a feature the config declares.
+  LORADB_ASSIGN_OR_RETURN(peft::LoraConfig check, ValidationConfig(lora, options.metadata));
+  LORADB_RETURN_IF_ERROR(peft::ValidateLoraTensors(check, tensors));
 
   LORADB_ASSIGN_OR_RETURN(EncodedBlob blob,
                           EncodeAdapterBlob(tensors, options.metadata, options.pack));
@@ -340,11 +390,18 @@ absl::StatusOr<RevisionRecord> Store::PublishTensors(const std::string& policy_n
   return catalog_->Publish(nr, rel);
 }
 
+absl::StatusOr<BaseRecord> Store::BaseOfPolicy(const std::string& policy,
+                                               const std::string& create_base) const {
+  auto p = catalog_->GetPolicy(policy);
+  if (p.ok()) return catalog_->GetBase(p->base);
+  if (absl::IsNotFound(p.status()) && !create_base.empty()) return catalog_->GetBase(create_base);
+  return p.status();
+}
+
 absl::StatusOr<RevisionRecord> Store::PublishPeftDir(const std::string& policy,
                                                      const std::string& peft_dir,
                                                      PublishOptions options) {
   LORADB_ASSIGN_OR_RETURN(peft::PeftAdapter adapter, peft::ReadPeftDir(peft_dir));
-  options.lora = FromPeftConfig(adapter.config);
   LORADB_ASSIGN_OR_RETURN(std::string config_json, adapter.config.ToJson());
   options.metadata[kPeftConfigKey] = config_json;
   if (options.source.kind == SourceKind::kImported) {
@@ -353,10 +410,27 @@ absl::StatusOr<RevisionRecord> Store::PublishPeftDir(const std::string& policy,
     for (const auto& t : adapter.tensors.tensors()) h.Update(t.data, t.nbytes);
     options.source.content_hash = h.Digest().Hex();
   }
-  return PublishTensors(policy, adapter.tensors.tensors(), options);
+  if (adapter.config.target_parameters.empty()) {
+    options.lora = FromPeftConfig(adapter.config);
+    return PublishTensors(policy, adapter.tensors.tensors(), options);
+  }
+  // LoRA on fused expert parameters: stored per expert, packed, served as per-expert LoRA.
+  LORADB_ASSIGN_OR_RETURN(BaseRecord base, BaseOfPolicy(policy, options.create_policy_base));
+  LORADB_ASSIGN_OR_RETURN(peft::ExpertsLayout layout, ExpertsLayoutFor(base));
+  peft::LoraConfig per_expert;
+  absl::StatusOr<TensorSet> unfused =
+      peft::UnfuseTargetParameters(adapter.config, adapter.tensors, layout, &per_expert);
+  if (!unfused.ok()) {
+    return absl::Status(unfused.status().code(),
+                        absl::StrCat(peft_dir, ": ", unfused.status().message()));
+  }
+  options.lora = FromPeftConfig(per_expert);
+  options.pack = true;
+  return PublishTensors(policy, unfused->tensors(), options);
 }
 
-absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& out_dir) const {
+absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& out_dir,
+                                  PeftExportLayout layout) const {
   LORADB_ASSIGN_OR_RETURN(TensorSet tensors, ReadTensors(rev));
   peft::LoraConfig config;
   auto it = tensors.metadata().find(kPeftConfigKey);
@@ -365,7 +439,19 @@ absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& 
   } else {
     config = ToPeftConfig(rev.lora);
   }
-  return peft::WritePeftDir(out_dir, config, tensors.tensors());
+  if (config.target_parameters.empty()) {
+    return peft::WritePeftDir(out_dir, config, tensors.tensors());
+  }
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord policy, catalog_->GetPolicyById(rev.policy_id));
+  LORADB_ASSIGN_OR_RETURN(BaseRecord base, catalog_->GetBase(policy.base));
+  LORADB_ASSIGN_OR_RETURN(peft::ExpertsLayout experts, ExpertsLayoutFor(base));
+  if (layout == PeftExportLayout::kPerExpert) {
+    LORADB_ASSIGN_OR_RETURN(peft::LoraConfig per_expert,
+                            peft::PerExpertConfig(config, tensors.tensors(), experts));
+    return peft::WritePeftDir(out_dir, per_expert, tensors.tensors());
+  }
+  LORADB_ASSIGN_OR_RETURN(TensorSet fused, peft::FuseTargetParameters(config, tensors, experts));
+  return peft::WritePeftDir(out_dir, config, fused.tensors());
 }
 
 absl::StatusOr<RevisionRecord> Store::PublishSafetensors(const std::string& policy,

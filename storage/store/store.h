@@ -155,8 +155,11 @@ class Store {
       const PublishOptions& options);
   // Imports a PEFT directory (adapter_config.json + adapter_model.safetensors): LoRA settings
   // from the config (which is also kept verbatim in the blob for export); source = imported
-  // with origin `peft_dir` and the xxh3-128 of the tensor bytes. Unsupported PEFT features
-  // (DoRA, modules_to_save, ...) are refused by name.
+  // with origin `peft_dir` and the xxh3-128 of the tensor bytes. Every tensor is kept (DoRA
+  // magnitudes, modules_to_save weights, ...). An adapter in PEFT's target_parameters layout
+  // (LoRA on fused MoE expert parameters) is stored per expert in the packed MoE layout
+  // (storage/formats/peft_experts.h); its parameters, expert count and shapes must agree with
+  // the base (InvalidArgument naming them, nothing stored).
   [[nodiscard]] absl::StatusOr<RevisionRecord> PublishPeftDir(const std::string& policy,
                                                               const std::string& peft_dir,
                                                               PublishOptions options = {});
@@ -221,9 +224,14 @@ class Store {
 
   // Writes the revision as a PEFT directory (adapter_config.json + adapter_model.safetensors)
   // that PyPI peft loads onto the matching base. Tensors are bit-identical to the import; an
-  // imported adapter_config.json is written back as it was.
-  [[nodiscard]] absl::Status ExportPeftDir(const RevisionRecord& rev,
-                                           const std::string& out_dir) const;
+  // imported adapter_config.json is written back as it was. `layout` kPerExpert writes an
+  // adapter imported in the target_parameters layout as per-expert target_modules LoRA
+  // (experts.{e}.gate_proj, ...) with equal delta weights; kAsImported rebuilds PEFT's
+  // target_parameters tensors (FailedPrecondition if they cannot be rebuilt exactly).
+  enum class PeftExportLayout { kAsImported, kPerExpert };
+  [[nodiscard]] absl::Status ExportPeftDir(
+      const RevisionRecord& rev, const std::string& out_dir,
+      PeftExportLayout layout = PeftExportLayout::kAsImported) const;
 
   // ---- verification
   // Catalog cross-checks plus every blob file present with matching size and xxh3-128; files
@@ -238,6 +246,9 @@ class Store {
   [[nodiscard]] absl::StatusOr<std::string> WriteBlob(const Hash128& hash,
                                                       const std::string& bytes) const;
   [[nodiscard]] absl::StatusOr<TensorSet> ReadBlobTensors(const BlobRef& ref) const;
+  // The base of `policy`, or `create_base` when the policy does not exist and it is set.
+  [[nodiscard]] absl::StatusOr<BaseRecord> BaseOfPolicy(const std::string& policy,
+                                                        const std::string& create_base) const;
 
   std::string dir_;
   std::string blob_root_;

@@ -14,7 +14,6 @@ Exit status 77 (ctest: skipped) when torch / transformers / peft / safetensors a
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -27,20 +26,9 @@ except ImportError as e:  # pragma: no cover
     print(f"skipped: {e}")
     sys.exit(77)
 
-CLI = sys.argv[1]
-FAILURES = []
+from peft_cli_util import fail, finish, loradb_runner  # noqa: E402
 
-
-def fail(msg):
-    FAILURES.append(msg)
-    print("FAIL:", msg)
-
-
-def loradb(store, *args, ok=True):
-    p = subprocess.run([CLI, "--store", store, *args], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        raise RuntimeError(f"loradb {' '.join(args)} failed ({p.returncode}): {p.stderr}")
-    return p
+loradb = loradb_runner(sys.argv[1])
 
 
 def tiny_base(tmp, name, hidden=32):
@@ -163,10 +151,7 @@ def main():
         if not v.get("ok") or v.get("live_revisions") != 2:
             fail(f"verify: {v}")
 
-    if FAILURES:
-        print(f"{len(FAILURES)} failure(s)")
-        sys.exit(1)
-    print("peft_store_oracle: all checks passed")
+    finish("peft_store_oracle")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 //   st_tool rewrite IN OUT    read IN, write it again with loradb's writer to OUT
 //   st_tool to-blob IN OUT [--no-pack]   safetensors IN -> loradb blob OUT
 //   st_tool from-blob IN OUT  loradb blob IN (checksums verified) -> safetensors OUT
-//   st_tool peft-scales DIR   read a PEFT dir; print "module_key rank scale" per LoRA module
+//   st_tool peft-scales DIR   read a PEFT dir; print "module_key rank scale" per LoRA A/B module
 //   st_tool peft-rewrite DIR OUT   read a PEFT dir and write it again to OUT
 #include <cstdio>
 #include <set>
@@ -58,9 +58,9 @@ int main(int argc, char** argv) {
     if (!adapter.ok()) return Fail(adapter.status());
     std::set<std::string> keys;
     for (const TensorView& t : adapter->tensors.tensors()) {
-      auto name = peft::ParsePeftTensorName(t.name);
-      if (!name.ok()) return Fail(name.status());
-      keys.insert(name->module_key);
+      // LoRA A/B modules only: DoRA magnitudes, full weights, ... have no scale of their own.
+      const peft::PeftTensorInfo info = peft::ClassifyPeftTensor(t.name);
+      if (info.kind == peft::PeftTensorKind::kLora) keys.insert(info.module_key);
     }
     for (const std::string& k : keys) {
       std::printf("%s %d %.17g\n", k.c_str(), adapter->config.RankFor(k),

@@ -14,6 +14,7 @@ namespace loradb {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Owns float storage for views built in tests.
 struct Tensors {
@@ -113,26 +114,42 @@ TEST(PeftConfigTest, ParsesFieldsAndScales) {
   EXPECT_EQ(regex->lora_alpha, 8);  // PEFT's default
 }
 
-TEST(PeftConfigTest, RefusesUnsupportedFeaturesByName) {
+TEST(PeftConfigTest, ReadsEveryFeatureAndRefusesMalformedValues) {
+  auto c = peft::ParseLoraConfig(R"({"r":4,"use_dora":true,"fan_in_fan_out":true,"lora_bias":true,
+    "bias":"lora_only","modules_to_save":["classifier","score"],
+    "trainable_token_indices":{"embed_tokens":[1,5]},
+    "target_parameters":["mlp.experts.down_proj","mlp.experts.gate_up_proj"],
+    "layer_replication":[[0,2]],"alora_invocation_tokens":null,"use_qalora":false})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->use_dora);
+  EXPECT_TRUE(c->fan_in_fan_out);
+  EXPECT_TRUE(c->lora_bias);
+  EXPECT_EQ(c->bias, "lora_only");
+  EXPECT_EQ(c->modules_to_save, (std::vector<std::string>{"classifier", "score"}));
+  ASSERT_EQ(c->trainable_token_indices.size(), 1u);
+  EXPECT_EQ(c->trainable_token_indices[0].first, "embed_tokens");
+  EXPECT_EQ(c->trainable_token_indices[0].second, (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(c->target_parameters.size(), 2u);
+  EXPECT_EQ(c->config_features, uint32_t{peft::kFeatureLayerReplication});
+  EXPECT_EQ(peft::PeftConfigFeatures(*c), peft::kFeatureLayerReplication | peft::kFeatureDora);
+  auto list = peft::ParseLoraConfig(R"({"r":4,"trainable_token_indices":[3,4,5]})");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->trainable_token_indices[0].first, "");
+
   struct Case {
     const char* json;
     absl::StatusCode code;
     const char* needle;
   };
   const Case cases[] = {
-      {R"({"r":4,"use_dora":true})", absl::StatusCode::kUnimplemented, "use_dora"},
-      {R"({"r":4,"modules_to_save":["score"]})", absl::StatusCode::kUnimplemented,
+      {R"({"r":4,"use_dora":"yes"})", absl::StatusCode::kInvalidArgument, "use_dora"},
+      {R"({"r":4,"modules_to_save":"score"})", absl::StatusCode::kInvalidArgument,
        "modules_to_save"},
-      {R"({"r":4,"bias":"all"})", absl::StatusCode::kUnimplemented, "bias"},
-      {R"({"r":4,"bias":"lora_only"})", absl::StatusCode::kUnimplemented, "bias"},
-      {R"({"r":4,"fan_in_fan_out":true})", absl::StatusCode::kUnimplemented, "fan_in_fan_out"},
-      {R"({"r":4,"lora_bias":true})", absl::StatusCode::kUnimplemented, "lora_bias"},
-      {R"({"r":4,"layer_replication":[[0,2]]})", absl::StatusCode::kUnimplemented,
-       "layer_replication"},
-      {R"({"r":4,"trainable_token_indices":[1,2]})", absl::StatusCode::kUnimplemented,
+      {R"({"r":4,"bias":"some"})", absl::StatusCode::kInvalidArgument, "bias"},
+      {R"({"r":4,"trainable_token_indices":[-1]})", absl::StatusCode::kInvalidArgument,
        "trainable_token_indices"},
-      {R"({"r":4,"target_parameters":["mlp.experts.gate_up_proj"]})",
-       absl::StatusCode::kUnimplemented, "target_parameters"},
+      {R"({"r":4,"target_parameters":[3]})", absl::StatusCode::kInvalidArgument,
+       "target_parameters"},
       {R"({"peft_type":"IA3"})", absl::StatusCode::kUnimplemented, "peft_type \"IA3\""},
       {R"({"r":0})", absl::StatusCode::kInvalidArgument, "r must be a positive integer"},
       {R"({"r":"8"})", absl::StatusCode::kInvalidArgument, "r must be a positive integer"},
@@ -151,10 +168,91 @@ TEST(PeftConfigTest, RefusesUnsupportedFeaturesByName) {
     EXPECT_EQ(r.status().code(), c.code) << c.json << ": " << r.status();
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.needle)) << c.json;
   }
-  // Disabled features are fine.
-  EXPECT_TRUE(peft::ParseLoraConfig(R"({"r":4,"use_dora":false,"modules_to_save":[],"bias":"none",)"
-                                    R"("layer_replication":null,"fan_in_fan_out":false})")
-                  .ok());
+}
+
+TEST(PeftFeatureTest, ClassifiesTensorsAndRefusesUnappliedFeaturesByName) {
+  const std::string q = "base_model.model.model.layers.0.self_attn.q_proj";
+  auto info = peft::ClassifyPeftTensor(q + ".lora_magnitude_vector");
+  EXPECT_EQ(info.kind, peft::PeftTensorKind::kMagnitude);
+  EXPECT_EQ(info.module_key, "model.layers.0.self_attn.q_proj");
+  EXPECT_EQ(peft::ClassifyPeftTensor(q + ".lora_B.bias").kind, peft::PeftTensorKind::kLoraBias);
+  info = peft::ClassifyPeftTensor(
+      "base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight");
+  EXPECT_EQ(info.kind, peft::PeftTensorKind::kLora);
+  EXPECT_EQ(info.depth, 1);
+  EXPECT_EQ(info.module_key, "model.layers.1.mlp.experts");
+  info = peft::ClassifyPeftTensor("base_model.model.classifier.weight");
+  EXPECT_EQ(info.kind, peft::PeftTensorKind::kOther);
+  EXPECT_EQ(info.module_key, "classifier");
+  EXPECT_FALSE(peft::ParsePeftTensorName(
+                   "base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight")
+                   .ok());
+
+  auto c = peft::ParseLoraConfig(R"({"r":2,"use_dora":true,"modules_to_save":["classifier"]})");
+  ASSERT_TRUE(c.ok());
+  std::vector<std::string> names = {q + ".lora_A.weight", q + ".lora_B.weight",
+                                    q + ".lora_magnitude_vector",
+                                    "base_model.model.classifier.weight"};
+  auto used = peft::StoredAdapterFeatures(peft::LoraConfig(),
+                                          {{peft::kStoredConfigKey, c->raw_json}}, names);
+  ASSERT_TRUE(used.ok());
+  EXPECT_EQ(*used, peft::kFeatureDora | peft::kFeatureModulesToSave);
+  absl::Status st = peft::RefuseUnapplied(*used, peft::kFeatureModulesToSave, "the decoder");
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("the decoder cannot apply DoRA"));
+  EXPECT_THAT(std::string(st.message()), Not(HasSubstr("modules_to_save")));
+  EXPECT_TRUE(peft::RefuseUnapplied(*used, *used, "x").ok());
+}
+
+TEST(PeftFeatureTest, ValidatesFeatureTensorsAgainstTheirModule) {
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  auto base = [&](Tensors* t) {
+    t->Add(peft::PeftTensorNameFor(q, peft::LoraSide::kA, false), {2, 8});
+    t->Add(peft::PeftTensorNameFor(q, peft::LoraSide::kB, false), {6, 2});
+  };
+  auto config = [](const char* json) { return *peft::ParseLoraConfig(json); };
+  struct Case {
+    const char* config;
+    std::string extra;
+    std::vector<int64_t> shape;
+    const char* needle;  // nullptr: valid
+  };
+  const std::string p = "base_model.model." + q;
+  const Case cases[] = {
+      {R"({"r":2,"use_dora":true})", p + ".lora_magnitude_vector", {6}, nullptr},
+      {R"({"r":2,"use_dora":true})", p + ".lora_magnitude_vector", {5}, "want [6]"},
+      {R"({"r":2})", p + ".lora_magnitude_vector", {6}, "use_dora is not true"},
+      {R"({"r":2,"lora_bias":true})", p + ".lora_B.bias", {6}, nullptr},
+      {R"({"r":2,"lora_bias":true})", p + ".lora_B.bias", {6, 1}, "lora_B bias has shape"},
+      {R"({"r":2})", p + ".lora_B.bias", {6}, "lora_bias is not true"},
+      {R"({"r":2,"trainable_token_indices":[1,2,3]})",
+       "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta",
+       {3, 8},
+       nullptr},
+      {R"({"r":2,"trainable_token_indices":[1,2,3]})",
+       "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta",
+       {2, 8},
+       "one row per trainable_token_indices entry"},
+      {R"({"r":2,"modules_to_save":["score"]})", "base_model.model.score.weight", {3, 8}, nullptr},
+      {R"({"r":2,"modules_to_save":["classifier"]})",
+       "base_model.model.pre_classifier.bias",
+       {8},
+       nullptr},  // PEFT's own rule: the module key ends with the name
+      {R"({"r":2})", "base_model.model.score.weight", {3, 8}, "no config feature saves it"},
+      {R"({"r":2})", "base_model.model.model.embed_tokens.base_layer.weight", {4, 8}, nullptr},
+      {R"({"r":2,"bias":"all"})", "base_model.model.model.norm.bias", {8}, nullptr},
+  };
+  for (const Case& c : cases) {
+    Tensors t;
+    base(&t);
+    t.Add(c.extra, c.shape);
+    absl::Status st = peft::ValidateLoraTensors(config(c.config), t.views);
+    if (c.needle == nullptr) {
+      EXPECT_TRUE(st.ok()) << c.extra << ": " << st;
+    } else {
+      EXPECT_THAT(std::string(st.message()), HasSubstr(c.needle)) << c.extra << ": " << st;
+    }
+  }
 }
 
 TEST(PeftDirTest, WriteThenReadRoundTrip) {
@@ -271,9 +369,10 @@ TEST(PeftDirTest, ReadErrorsNameTheProblem) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("adapter_config.json"));
 
-  ASSERT_TRUE(WriteFileAtomic(dir.file("adapter_config.json"), R"({"r":2,"use_dora":true})").ok());
+  ASSERT_TRUE(WriteFileAtomic(dir.file("adapter_config.json"), R"({"r":2,"bias":7})").ok());
   r = peft::ReadPeftDir(dir.path());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("bias"));
 
   ASSERT_TRUE(WriteFileAtomic(dir.file("adapter_config.json"), R"({"r":2})").ok());
   ASSERT_TRUE(WriteFileAtomic(dir.file("adapter_model.bin"), "pickle").ok());

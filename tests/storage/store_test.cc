@@ -280,14 +280,36 @@ TEST_F(StoreTest, PeftDirImportExportRoundTripsBytes) {
   EXPECT_EQ(back->config.RankFor("model.layers.0.self_attn.k_proj"), 2);
   EXPECT_DOUBLE_EQ(back->config.ScaleFor("model.layers.0.self_attn.k_proj"), 3 / std::sqrt(2.0));
 
-  // Unsupported features are refused by name and change nothing.
-  ASSERT_TRUE(WriteFileAtomic(dir_.file("in/adapter_config.json"),
-                              R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_dora": true})")
-                  .ok());
-  auto dora = store_->PublishPeftDir("acme/support", dir_.file("in"));
-  EXPECT_FALSE(dora.ok());
-  EXPECT_NE(dora.status().message().find("use_dora"), std::string::npos) << dora.status();
-  EXPECT_EQ(store_->ListRevisions("acme/support", 0, 0)->items.size(), 2u);
+  // DoRA is stored with its magnitudes and exported unchanged; a magnitude of the wrong shape
+  // is refused by name and changes nothing.
+  const std::string dora_cfg =
+      R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_dora": true, )"
+      R"("rank_pattern": {"k_proj": 2}, "target_modules": ["q_proj", "k_proj"]})";
+  std::vector<TensorView> dora = a.views;
+  std::vector<float> mags(16, 1.5f);
+  dora.push_back({"base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector",
+                  DType::kF32,
+                  {16},
+                  reinterpret_cast<const std::byte*>(mags.data()),
+                  64});
+  ASSERT_TRUE(peft::WritePeftDir(dir_.file("dora"), *peft::ParseLoraConfig(dora_cfg), dora).ok());
+  auto stored = store_->PublishPeftDir("acme/support", dir_.file("dora"));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_TRUE(store_->ExportPeftDir(*stored, dir_.file("dora-out")).ok());
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) {
+    EXPECT_EQ(*ReadFileToString(dir_.file(absl::StrCat("dora/", f))),
+              *ReadFileToString(dir_.file(absl::StrCat("dora-out/", f))))
+        << f;
+  }
+  dora.back().shape = {8};
+  dora.back().nbytes = 32;
+  ASSERT_TRUE(safetensors::WriteFile(dir_.file("dora/adapter_model.safetensors"), dora, {}).ok());
+  auto bad = store_->PublishPeftDir("acme/support", dir_.file("dora"));
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("DoRA magnitude has shape [8], want [16]"),
+            std::string::npos)
+      << bad.status();
+  EXPECT_EQ(store_->ListRevisions("acme/support", 0, 0)->items.size(), 3u);
   ExpectVerifyOk();
 }
 

@@ -178,7 +178,7 @@ TEST(InspectTest, PeftDirectoryShowsConfig) {
   EXPECT_THAT(text.out, HasSubstr("use_rslora: true"));
 
   ASSERT_TRUE(
-      WriteFileAtomic(dir.file("adapter/adapter_config.json"), R"({"r":2,"use_dora":true})").ok());
+      WriteFileAtomic(dir.file("adapter/adapter_config.json"), R"({"r":2,"use_dora":"x"})").ok());
   ExpectOneErrorLine(RunCli("inspect " + dir.file("adapter")), "use_dora");
 }
 

@@ -54,6 +54,10 @@ absl::StatusOr<Inspection> Load(const std::string& path) {
         return absl::Status(set.status().code(), absl::StrCat(path, ": ", set.status().message()));
       }
       out.tensors = std::move(*set);
+      auto stored = out.tensors.metadata().find(peft::kStoredConfigKey);
+      if (stored != out.tensors.metadata().end()) {
+        LORADB_ASSIGN_OR_RETURN(out.config, peft::ParseLoraConfig(stored->second));
+      }
       LORADB_ASSIGN_OR_RETURN(BlobLayout layout, ParseBlobLayout(holder->bytes(), holder->size()));
       out.layout = std::move(layout);
       break;
@@ -77,7 +81,35 @@ Json ConfigJson(const peft::LoraConfig& c) {
   j["alpha_pattern"] = Json::object();
   for (const auto& [k, v] : c.alpha_pattern) j["alpha_pattern"][k] = v;
   j["base_model_name_or_path"] = c.base_model_name_or_path;
+  j["fan_in_fan_out"] = c.fan_in_fan_out;
+  j["use_dora"] = c.use_dora;
+  j["lora_bias"] = c.lora_bias;
+  j["bias"] = c.bias;
+  j["modules_to_save"] = c.modules_to_save;
+  j["target_parameters"] = c.target_parameters;
+  Json tokens = Json::object();
+  for (const auto& [module, ids] : c.trainable_token_indices) tokens[module] = ids;
+  j["trainable_token_indices"] = std::move(tokens);
   return j;
+}
+
+// The names of the PEFT features (beyond plain LoRA) an adapter uses: a PEFT directory's, or a
+// blob's as stored (LoRA on expert parameters is stored per expert).
+std::vector<std::string> FeatureNames(const peft::LoraConfig& c, const TensorSet& tensors) {
+  std::vector<std::string> names;
+  uint32_t used = peft::PeftFeaturesUsed(c, tensors.tensors());
+  if (tensors.metadata().count(peft::kStoredConfigKey) != 0) {
+    std::vector<std::string> tensor_names;
+    for (const TensorView& t : tensors.tensors()) tensor_names.push_back(t.name);
+    used = peft::StoredAdapterFeatures(c, tensors.metadata(), tensor_names).value_or(used);
+  }
+  for (uint32_t bit = 1; bit != 0; bit <<= 1) {
+    if ((used & bit) != 0) {
+      names.emplace_back(peft::PeftFeatureName(static_cast<peft::PeftFeature>(bit)));
+    }
+  }
+  if (c.fan_in_fan_out) names.emplace_back("fan_in_fan_out");
+  return names;
 }
 
 Json ToJson(const std::string& path, const Inspection& in) {
@@ -94,7 +126,10 @@ Json ToJson(const std::string& path, const Inspection& in) {
   j["tensors"] = std::move(tensors);
   j["metadata"] = Json::object();
   for (const auto& [k, v] : in.tensors.metadata()) j["metadata"][k] = v;
-  if (in.config) j["config"] = ConfigJson(*in.config);
+  if (in.config) {
+    j["config"] = ConfigJson(*in.config);
+    j["features"] = FeatureNames(*in.config, in.tensors);
+  }
   if (in.layout) {
     Json groups = Json::array();
     for (const BlobPackedGroup& g : in.layout->groups) {
@@ -141,6 +176,17 @@ void PrintText(const std::string& path, const Inspection& in) {
     if (!c.base_model_name_or_path.empty()) {
       absl::StrAppend(&out, "  base_model_name_or_path: ", c.base_model_name_or_path, "\n");
     }
+    if (!c.target_parameters.empty()) {
+      absl::StrAppend(&out, "  target_parameters: [", absl::StrJoin(c.target_parameters, ", "),
+                      "]\n");
+    }
+    if (!c.modules_to_save.empty()) {
+      absl::StrAppend(&out, "  modules_to_save: [", absl::StrJoin(c.modules_to_save, ", "), "]\n");
+    }
+    const std::vector<std::string> features = FeatureNames(c, in.tensors);
+    absl::StrAppend(&out,
+                    "features: ", features.empty() ? "(plain LoRA)" : absl::StrJoin(features, "; "),
+                    "\n");
   }
   if (in.layout && !in.layout->groups.empty()) {
     absl::StrAppend(&out, "groups:\n");

@@ -56,6 +56,7 @@ void SetupImport(CLI::App* sub, Invocation* inv) {
 
 struct ExportOpts {
   std::string ref, out;
+  std::string layout = "peft";
   bool json = false;
 };
 
@@ -63,16 +64,25 @@ void SetupExport(CLI::App* sub, Invocation* inv) {
   auto o = std::make_shared<ExportOpts>();
   sub->add_option("REV", o->ref, "revision id, POLICY:ALIAS or POLICY@SEQ")->required();
   sub->add_option("OUT_DIR", o->out, "PEFT directory to write")->required();
+  sub->add_option("--layout", o->layout,
+                  "peft: as imported (default); per-expert: LoRA on fused expert parameters "
+                  "(target_parameters) written as per-expert target_modules (experts.{e}.gate_proj "
+                  "...)")
+      ->check(CLI::IsMember({"peft", "per-expert"}));
   AddJsonFlag(sub, &o->json);
   OnStore(sub, inv, [o](Store& store) -> absl::Status {
     auto rev = store.Resolve(o->ref);
     if (!rev.ok()) return rev.status();
-    absl::Status st = store.ExportPeftDir(*rev, o->out);
+    absl::Status st =
+        store.ExportPeftDir(*rev, o->out,
+                            o->layout == "per-expert" ? Store::PeftExportLayout::kPerExpert
+                                                      : Store::PeftExportLayout::kAsImported);
     if (!st.ok()) return st;
     PolicyNames names(store);
     if (o->json) {
       nlohmann::json j = RevisionJson(*rev, names.Name(rev->policy_id));
       j["out_dir"] = o->out;
+      j["layout"] = o->layout;
       PrintJson(j);
     } else {
       std::printf("exported revision %llu to %s\n", static_cast<unsigned long long>(rev->id),
