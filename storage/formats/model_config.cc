@@ -287,7 +287,9 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("num_hidden_layers x num_key_value_heads x head_dim is ", kv_per_token,
                      " K/V elements per token, above loradb's bound of ", L::kKvElementsPerToken));
   }
-  if (is_moe()) {
+  // qwen3_moe without experts (transformers would build dense layers) is refused rather than
+  // read as another model type.
+  if (is_moe() || model_type == "qwen3_moe") {
     LORADB_RETURN_IF_ERROR(CheckRange("num_experts", num_experts, 1, L::kExperts));
     LORADB_RETURN_IF_ERROR(CheckRange("num_experts_per_tok", num_experts_per_tok, 1, num_experts));
     LORADB_RETURN_IF_ERROR(
