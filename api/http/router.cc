@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "storage/util/json.h"
+#include "storage/util/status_macros.h"
 
 namespace loradb::http {
 namespace {
