@@ -205,12 +205,12 @@ def check_base(cli, tmp, name, cls, kwargs, drop, seed, failures):
         if not ok:
             failures.append(f"{name} prompt {p}: max rel err {err:.3g} (v4 layout {err4:.3g}), "
                             f"tokens agree {bool(agree.all())}")
-    # Negative control: transformers with RoPE's theta at another value disagrees with loradb by
+    # Negative control: transformers with RoPE's theta at 1/100 of the value disagrees with loradb by
     # far more than the bound, so a theta loradb failed to read would be caught.
     theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     other = Qwen3Config if cls is Qwen3Config else Qwen3MoeConfig
     wrong = other.from_pretrained(model_dir)
-    wrong.rope_parameters = {"rope_type": "default", "rope_theta": 1e6 if theta != 1e6 else 1e4}
+    wrong.rope_parameters = {"rope_type": "default", "rope_theta": theta / 100}
     seq = PROMPTS[0] + results[0]["tokens"][:-1]
     ctrl = max_rel_err(torch.tensor(results[0]["logits"], dtype=torch.float64),
                        ref_logits(model_dir, seq, config=wrong))
