@@ -27,6 +27,7 @@
 #include "storage/store/record_json.h"
 #include "storage/store/store.h"
 #include "storage/tiers/store_tiers.h"
+#include "storage/util/json.h"
 #include "storage/util/status_macros.h"
 
 struct loradb_store_t {
@@ -761,8 +762,10 @@ loradb_status_t loradb_policy_create(loradb_store_t* store, const char* name, si
     LORADB_C_STRING(l, labels_json, labels_json_len, "labels_json");
     std::map<std::string, std::string> labels;
     if (!l.empty()) {
-      nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object()) {
+      absl::StatusOr<nlohmann::json> parsed = loradb::ParseJson(l, "labels_json");
+      if (!parsed.ok()) return Report(parsed.status(), errmsg);
+      const nlohmann::json& j = *parsed;
+      if (!j.is_object()) {
         return Fail(LORADB_INVALID_ARGUMENT, "labels_json must be a JSON object", errmsg);
       }
       for (const auto& [k, v] : j.items()) {

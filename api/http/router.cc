@@ -6,6 +6,8 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "storage/util/json.h"
+#include "storage/util/status_macros.h"
 
 namespace loradb::http {
 namespace {
@@ -336,8 +338,7 @@ absl::StatusOr<nlohmann::json> ParseJsonObject(const Call& call,
                                                const std::vector<std::string>& allowed) {
   if (call.body.empty()) return nlohmann::json::object();
   if (!IsValidUtf8(call.body)) return absl::InvalidArgumentError("request body is not valid UTF-8");
-  nlohmann::json j = nlohmann::json::parse(call.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("request body is not valid JSON");
+  LORADB_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(call.body, "request body"));
   if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
   for (const auto& [key, value] : j.items()) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {

@@ -129,17 +129,7 @@ class StoreApi {
         return absl::InvalidArgumentError("field 'config' must be a config.json object");
       }
       LORADB_ASSIGN_OR_RETURN(ModelConfig cfg, ParseModelConfigJson(body["config"].dump()));
-      base.arch.family = cfg.model_type;
-      base.arch.hidden_size = cfg.hidden_size;
-      base.arch.num_layers = cfg.num_hidden_layers;
-      base.arch.num_heads = cfg.num_attention_heads;
-      base.arch.num_kv_heads = cfg.num_key_value_heads;
-      base.arch.head_dim = cfg.head_dim;
-      base.arch.intermediate_size = cfg.intermediate_size;
-      base.arch.num_experts = cfg.num_experts;
-      base.arch.vocab_size = cfg.vocab_size;
-      base.modules = cfg.LoraModules();
-      base.config_json = cfg.ToJson();
+      base = BaseRecordFromConfig(*name, cfg, cfg.ToJson());
     } else {
       const json& mods = body["modules"];
       if (!mods.is_array() || mods.empty()) {

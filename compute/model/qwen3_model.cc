@@ -72,6 +72,8 @@ absl::StatusOr<std::unique_ptr<Qwen3Model>> Qwen3Model::FromTensors(
 absl::StatusOr<std::unique_ptr<Qwen3Model>> Qwen3Model::FromTensorsImpl(
     const ModelConfig& config, std::shared_ptr<const TensorSet> tensors,
     const LoadOptions& options) {
+  // Sizes, head grouping, even head_dim and MoE counts; configs built in code are checked here.
+  LORADB_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<Qwen3Model> m(new Qwen3Model());
   m->config_ = config;
   m->tensors_ = std::move(tensors);
@@ -120,14 +122,6 @@ absl::StatusOr<std::unique_ptr<Qwen3Model>> Qwen3Model::FromTensorsImpl(
 
   const ModelConfig& c = config;
   const int64_t hd = c.head_dim, nh = c.num_attention_heads, kvh = c.num_key_value_heads;
-  if (nh % kvh != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_attention_heads ", nh, " is not a multiple of num_key_value_heads ", kvh));
-  }
-  if (hd % 2 != 0) return absl::InvalidArgumentError("head_dim must be even for RoPE");
-  if (c.is_moe() && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)) {
-    return absl::InvalidArgumentError("num_experts_per_tok must be in [1, num_experts]");
-  }
   LORADB_ASSIGN_OR_RETURN(m->embed_,
                           take("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
   LORADB_ASSIGN_OR_RETURN(m->final_norm_, take("model.norm.weight", {c.hidden_size}));

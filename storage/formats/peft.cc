@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "storage/formats/safetensors.h"
 #include "storage/util/file_util.h"
+#include "storage/util/json.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::peft {
@@ -242,8 +243,9 @@ absl::StatusOr<std::string> LoraConfig::ToJson() const {
   }
   Json j = Json::object();
   if (!raw_json.empty()) {
-    Json raw = Json::parse(raw_json, nullptr, false);
-    if (raw.is_discarded() || !raw.is_object()) return Invalid("raw_json is not a JSON object");
+    absl::StatusOr<Json> parsed = ParseJson<Json>(raw_json, "raw_json");
+    if (!parsed.ok() || !parsed->is_object()) return Invalid("raw_json is not a JSON object");
+    const Json& raw = *parsed;
     j = raw;
     FillJson(*this, &j);
     if (j == raw) return raw_json;
@@ -270,8 +272,9 @@ absl::StatusOr<std::string> LoraConfig::ToJson() const {
 }
 
 absl::StatusOr<LoraConfig> ParseLoraConfig(const std::string& json_text) {
-  Json j = Json::parse(json_text, nullptr, false);
-  if (j.is_discarded()) return Invalid("not valid JSON");
+  absl::StatusOr<Json> parsed = ParseJson<Json>(json_text, "adapter_config.json");
+  if (!parsed.ok()) return parsed.status();
+  Json j = *std::move(parsed);
   if (!j.is_object()) return Invalid("not a JSON object");
   LoraConfig c;
   c.raw_json = json_text;

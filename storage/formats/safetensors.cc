@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "storage/util/file_util.h"
+#include "storage/util/json.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::safetensors {
@@ -190,8 +191,9 @@ absl::Status CheckNoNegativeZero(const char* header, size_t len) {
   if (std::string_view(header, len).find("-0") == std::string_view::npos) {
     return absl::OkStatus();
   }
-  nlohmann::json j = nlohmann::json::parse(header, header + len, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Invalid("header is not valid JSON");
+  absl::StatusOr<nlohmann::json> parsed = ParseJson(absl::string_view(header, len), "header");
+  if (!parsed.ok() || !parsed->is_object()) return Invalid("header is not valid JSON");
+  const nlohmann::json& j = *parsed;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__" || !it.value().is_object()) continue;
     for (const char* field : {"shape", "data_offsets"}) {
@@ -398,8 +400,11 @@ absl::StatusOr<TensorSet> ReadFile(const std::string& path) {
 
 absl::StatusOr<TensorSet> ReadSharded(const std::string& index_json_path) {
   LORADB_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_json_path));
-  nlohmann::ordered_json index = nlohmann::ordered_json::parse(text, nullptr, false);
-  if (index.is_discarded() || !index.is_object()) {
+  absl::StatusOr<nlohmann::ordered_json> parsed =
+      ParseJson<nlohmann::ordered_json>(text, index_json_path);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::ordered_json& index = *parsed;
+  if (!index.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(index_json_path, ": sharded index is not a JSON object"));
   }

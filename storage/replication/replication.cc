@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "storage/util/file_util.h"
+#include "storage/util/json.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb {
@@ -102,7 +103,8 @@ absl::StatusOr<GenerationManifest> ReadManifest(const std::string& replica_root,
                                                 uint64_t generation) {
   const std::string path = GenDir(replica_root, generation) + "/MANIFEST.json";
   LORADB_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<nlohmann::json> parsed = ParseJson(text, path);
+  const nlohmann::json j = parsed.ok() ? *std::move(parsed) : nlohmann::json();
   if (!j.is_object() || !j.contains("generation") || !j["generation"].is_number_unsigned() ||
       !j.contains("store_id") || !j["store_id"].is_string() || !j.contains("txnid") ||
       !j["txnid"].is_number_unsigned() || !j.contains("data_bytes") ||

@@ -19,6 +19,7 @@
 #include "storage/tiers/store_tiers.h"
 #include "storage/util/file_util.h"
 #include "storage/util/hash.h"
+#include "storage/util/json.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb {
@@ -206,7 +207,53 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
 
 // ---- bases
 
+namespace {
+
+absl::Status CheckArchitecture(const Architecture& a) {
+  using L = ModelLimits;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+      {"hidden_size", {a.hidden_size, L::kHiddenSize}},
+      {"num_layers", {a.num_layers, L::kLayers}},
+      {"num_heads", {a.num_heads, L::kHeads}},
+      {"num_kv_heads", {a.num_kv_heads, L::kHeads}},
+      {"head_dim", {a.head_dim, L::kHeadDim}},
+      {"intermediate_size", {a.intermediate_size, L::kIntermediateSize}},
+      {"num_experts", {a.num_experts, L::kExperts}},
+      {"vocab_size", {a.vocab_size, L::kVocabSize}}};
+  for (const auto& [name, value_max] : fields) {
+    const auto [value, max] = value_max;
+    if (value < 0 || value > max) {
+      return absl::InvalidArgumentError(absl::StrCat("architecture: \"", name, "\" is ", value,
+                                                     ", outside loradb's bounds [0, ", max, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+BaseRecord BaseRecordFromConfig(const std::string& name, const ModelConfig& config,
+                                std::string config_json) {
+  BaseRecord b;
+  b.name = name;
+  b.arch.family = config.model_type;
+  b.arch.hidden_size = config.hidden_size;
+  b.arch.num_layers = config.num_hidden_layers;
+  b.arch.num_heads = config.num_attention_heads;
+  b.arch.num_kv_heads = config.num_key_value_heads;
+  b.arch.head_dim = config.head_dim;
+  b.arch.intermediate_size =
+      config.is_moe() ? config.moe_intermediate_size : config.intermediate_size;
+  b.arch.num_experts = config.num_experts;
+  b.arch.vocab_size = config.vocab_size;
+  b.modules = config.LoraModules();
+  b.config_json = std::move(config_json);
+  return b;
+}
+
 absl::StatusOr<BaseRecord> Store::AddBase(BaseRecord base) {
+  LORADB_RETURN_IF_ERROR(CheckModuleTable(base.modules));
+  LORADB_RETURN_IF_ERROR(CheckArchitecture(base.arch));
   LORADB_RETURN_IF_ERROR(catalog_->PutBase(base));
   return catalog_->GetBase(base.name);
 }
@@ -218,19 +265,7 @@ absl::StatusOr<BaseRecord> Store::AddBaseFromConfig(const std::string& name,
       IsDir(config_json_path) ? config_json_path + "/config.json" : config_json_path;
   LORADB_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   LORADB_ASSIGN_OR_RETURN(ModelConfig cfg, ParseModelConfigJson(text));
-  BaseRecord b;
-  b.name = name;
-  b.arch.family = cfg.model_type;
-  b.arch.hidden_size = cfg.hidden_size;
-  b.arch.num_layers = cfg.num_hidden_layers;
-  b.arch.num_heads = cfg.num_attention_heads;
-  b.arch.num_kv_heads = cfg.num_key_value_heads;
-  b.arch.head_dim = cfg.head_dim;
-  b.arch.intermediate_size = cfg.is_moe() ? cfg.moe_intermediate_size : cfg.intermediate_size;
-  b.arch.num_experts = cfg.num_experts;
-  b.arch.vocab_size = cfg.vocab_size;
-  b.modules = cfg.LoraModules();
-  b.config_json = std::move(text);
+  BaseRecord b = BaseRecordFromConfig(name, cfg, std::move(text));
   if (!weights.empty()) {
     // Fingerprint: xxh3-128 over every tensor's bytes in tensor-name order.
     absl::StatusOr<TensorSet> set = absl::EndsWith(weights, ".json")
@@ -250,8 +285,8 @@ absl::StatusOr<BaseRecord> Store::AddBaseFromConfig(const std::string& name,
 
 absl::StatusOr<BaseRecord> Store::AddBaseFromModuleTable(const std::string& name,
                                                          const std::string& json_text) {
-  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("modules") || !j["modules"].is_array()) {
+  LORADB_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(json_text, "module table"));
+  if (!j.is_object() || !j.contains("modules") || !j["modules"].is_array()) {
     return absl::InvalidArgumentError(
         "module table must be a JSON object with a \"modules\" array of {name, in, out}");
   }

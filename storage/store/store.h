@@ -107,6 +107,12 @@ struct CheckpointParts {
   std::string rollout;  // rollout records, opaque bytes
 };
 
+// The base record a Qwen3-family config describes (architecture and LoraModules() table), named
+// `name`, keeping `config_json` as its config text. `config` must come from
+// ParseModelConfigJson (or have passed ModelConfig::Validate).
+BaseRecord BaseRecordFromConfig(const std::string& name, const ModelConfig& config,
+                                std::string config_json);
+
 class Store {
  public:
   // Opens (or creates) the store in `dir`: `<dir>/catalog` (LMDB) and the blob root.
@@ -124,7 +130,9 @@ class Store {
   tiers::StoreTiers* tiers() const { return tiers_.get(); }
 
   // ---- bases
-  // Registers a base with an explicit module table. AlreadyExists / InvalidArgument.
+  // Registers a base with an explicit module table. AlreadyExists / InvalidArgument, the latter
+  // also when the table or the architecture is outside ModelLimits (model_config.h): every base,
+  // from HTTP, the CLI or the C API, is registered here.
   [[nodiscard]] absl::StatusOr<BaseRecord> AddBase(BaseRecord base);
   // Registers a base from a Hugging Face config.json (Qwen3 family); `weights` (optional) is a
   // safetensors file or a model.safetensors.index.json whose tensor bytes are fingerprinted.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "compute/model/model_tools.h"
+#include "storage/util/json.h"
 #include "tools/loradb/command.h"
 
 namespace loradb::cli {
@@ -107,8 +108,10 @@ void SetupModel(CLI::App* sub, Invocation* inv) {
       absl::StatusOr<model::ModelSummary> s = model::DescribeModel(info->model);
       if (!s.ok()) return s.status();
       if (info->json) {
+        absl::StatusOr<nlohmann::json> config = ParseJson(s->config.ToJson(), "config");
+        if (!config.ok()) return config.status();
         PrintJson({{"model_type", s->config.model_type},
-                   {"config", nlohmann::json::parse(s->config.ToJson())},
+                   {"config", *std::move(config)},
                    {"dtype", s->dtype},
                    {"parameters", s->num_parameters},
                    {"fingerprint", s->fingerprint.Hex()}});
