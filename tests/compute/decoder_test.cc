@@ -425,7 +425,9 @@ TEST_F(DecoderTest, LogprobsAreTheLogSoftmaxOfTheSamplersLogits) {
   std::vector<int64_t> streamed;
   r.on_token = [&](const TokenEvent& e) {
     EXPECT_NE(e.logprob, nullptr);
-    if (e.logprob != nullptr) EXPECT_EQ(e.logprob->token, e.token);
+    if (e.logprob != nullptr) {
+      EXPECT_EQ(e.logprob->token, e.token);
+    }
     streamed.push_back(e.token);
     EXPECT_EQ(*e.tokens, streamed);
     return false;

@@ -220,8 +220,14 @@ TEST_F(ServingTest, RequestSubmittedWhileOthersDecodeStartsBeforeTheyFinish) {
   absl::Mutex mu;
   std::vector<std::string> done_order;
   int64_t long_tokens_when_short_started = -1;
+  absl::Notification short_submitted;
   CompletionRequest long_req = Req("p:prod", Prompt(1, 6), 60);
-  long_req.on_token = [&](const TokenEvent&) { long_tokens.Add(); };
+  long_req.on_token = [&](const TokenEvent&) {
+    long_tokens.Add();
+    // Holds the driver at the third token until the short request is queued, so the test does
+    // not depend on how fast this thread is scheduled.
+    if (long_tokens.count() == 3) short_submitted.WaitForNotification();
+  };
   long_req.on_done = [&](CompletionResult) {
     absl::MutexLock lock(&mu);
     done_order.push_back("long");
@@ -233,14 +239,25 @@ TEST_F(ServingTest, RequestSubmittedWhileOthersDecodeStartsBeforeTheyFinish) {
     absl::MutexLock lock(&mu);
     if (long_tokens_when_short_started < 0) long_tokens_when_short_started = long_tokens.count();
   };
-  absl::StatusOr<CompletionResult> short_res = svc->Complete(short_req);
-  ASSERT_TRUE(short_res.ok()) << short_res.status();
-  EXPECT_EQ(short_res->choices[0].tokens, Alone(short_req, 0).tokens);
-  size_t done_before = 0;
+  absl::Notification short_done;
+  CompletionResult short_res;
+  size_t done_before = 0;  // requests finished when the short one did (on the driver thread)
+  CompletionRequest submitted = short_req;
+  submitted.on_done = [&](CompletionResult r) {
+    {
+      absl::MutexLock lock(&mu);
+      done_before = done_order.size();
+    }
+    short_res = std::move(r);
+    short_done.Notify();
+  };
+  ASSERT_TRUE(svc->Submit(std::move(submitted)).ok());
+  short_submitted.Notify();
+  short_done.WaitForNotification();
+  EXPECT_EQ(short_res.choices[0].tokens, Alone(short_req, 0).tokens);
   int64_t started_at = 0;
   {
     absl::MutexLock lock(&mu);
-    done_before = done_order.size();
     started_at = long_tokens_when_short_started;
   }
   svc.reset();  // the callbacks above use this test's locals
@@ -259,10 +276,16 @@ TEST_F(ServingTest, CancelFreesTheSequenceWithinOneStep) {
   absl::Notification cancelled_done;
   CompletionResult cancelled_result;
   ServiceStats at_done;
+  CompletionService* service = svc.get();
+  absl::Notification cancel_called;
   CompletionRequest victim = Req("a:prod", Prompt(1, 5), 200);
-  victim.on_token = [&](const TokenEvent&) { cancelled_tokens.Add(); };
+  victim.on_token = [&](const TokenEvent&) {
+    cancelled_tokens.Add();
+    // Holds the driver at the third token until Cancel returned.
+    if (cancelled_tokens.count() == 3) cancel_called.WaitForNotification();
+  };
   victim.on_done = [&](CompletionResult r) {
-    at_done = svc->stats();  // still inside the step that handled the cancellation
+    at_done = service->stats();  // still inside the step that handled the cancellation
     cancelled_result = std::move(r);
     cancelled_done.Notify();
   };
@@ -274,7 +297,7 @@ TEST_F(ServingTest, CancelFreesTheSequenceWithinOneStep) {
   CompletionRequest base = Req("", Prompt(3, 5), 200);
   base.on_token = [&](const TokenEvent&) {
     absl::MutexLock lock(&seen_mu);
-    seen.push_back(svc->stats());
+    seen.push_back(service->stats());
   };
   absl::StatusOr<uint64_t> vid = svc->Submit(victim);
   absl::StatusOr<uint64_t> oid = svc->Submit(other);
@@ -282,15 +305,16 @@ TEST_F(ServingTest, CancelFreesTheSequenceWithinOneStep) {
   ASSERT_TRUE(vid.ok() && oid.ok() && bid.ok());
   cancelled_tokens.WaitFor(3);
   ASSERT_TRUE(svc->Cancel(*vid).ok());
-  // At most one step is in flight now, and it may have missed the cancel; the next sees it.
+  // The step in flight (held above) missed the cancel; the next one sees it.
   const int64_t steps_at_cancel = svc->stats().steps;
+  cancel_called.Notify();
   cancelled_done.WaitForNotification();
   EXPECT_EQ(cancelled_result.choices[0].finish, FinishReason::kCancelled);
   EXPECT_GE(cancelled_result.choices[0].tokens.size(), 3u);
   EXPECT_LT(cancelled_result.choices[0].tokens.size(), 200u);
   // Handled by the step after the one running when Cancel returned, at the latest; its KV
   // sequence is gone at once.
-  EXPECT_LE(at_done.steps, steps_at_cancel + 1);
+  EXPECT_EQ(at_done.steps, steps_at_cancel + 1);
   EXPECT_EQ(at_done.kv_sequences, 2);
   // Wait for a base token two steps later: the gauges then describe the end of the step that
   // handled the cancellation.
