@@ -32,6 +32,21 @@ const char* FinishReasonName(FinishReason reason) {
   return "unknown";
 }
 
+absl::StatusOr<model::LoadOptions> ModelLoadOptions(const std::string& dtype) {
+  model::LoadOptions lo;
+  if (dtype == "f32") {
+    lo.dtype = at::kFloat;
+  } else if (dtype == "bf16") {
+    lo.dtype = at::kBFloat16;
+  } else if (dtype == "f16") {
+    lo.dtype = at::kHalf;
+  } else if (!dtype.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype \"", dtype, "\": expected f32, bf16 or f16"));
+  }
+  return lo;
+}
+
 struct Decoder::Sequence {
   uint64_t id = 0;
   uint64_t revision = 0;
@@ -40,6 +55,9 @@ struct Decoder::Sequence {
   model::KvCache::SeqId cache_seq = -1;
   bool prefilled = false;
   GenerateResult result;
+  int64_t waiting_steps = 0;  // consecutive steps deferred for capacity
+  // Sequences of the same group (SubmitGroup) waiting for this one's prefill.
+  std::vector<std::unique_ptr<Sequence>> followers;
 };
 
 struct Decoder::BuiltAdapter {
@@ -108,7 +126,7 @@ absl::StatusOr<uint64_t> Decoder::ResolveAdapter(const std::string& ref) {
   return rev.id;
 }
 
-absl::StatusOr<uint64_t> Decoder::Submit(GenerateRequest request) {
+absl::Status Decoder::Validate(const GenerateRequest& request) const {
   const ModelConfig& c = model_->config();
   if (request.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
   for (int64_t t : request.prompt_ids) {
@@ -132,19 +150,53 @@ absl::StatusOr<uint64_t> Decoder::Submit(GenerateRequest request) {
     return absl::InvalidArgumentError(
         "sampling: temperature must be >= 0, top_k >= 0 and top_p in (0, 1]");
   }
-  LORADB_ASSIGN_OR_RETURN(uint64_t revision, ResolveAdapter(request.adapter));
-  auto seq = std::make_unique<Sequence>();
-  seq->revision = revision;
-  seq->rng.seed(sp.seed);
-  seq->request = std::move(request);
+  if (request.logprobs < -1 || request.logprobs > c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("logprobs ", request.logprobs,
+                                                   " must be -1 (none) or in [0, vocab size ",
+                                                   c.vocab_size, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Decoder::Submit(GenerateRequest request) {
+  std::vector<GenerateRequest> one;
+  one.push_back(std::move(request));
+  LORADB_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, SubmitGroup(std::move(one)));
+  return ids[0];
+}
+
+absl::StatusOr<std::vector<uint64_t>> Decoder::SubmitGroup(std::vector<GenerateRequest> requests) {
+  if (requests.empty()) return absl::InvalidArgumentError("empty request group");
+  for (const GenerateRequest& r : requests) {
+    LORADB_RETURN_IF_ERROR(Validate(r));
+    if (r.adapter != requests[0].adapter || r.prompt_ids != requests[0].prompt_ids) {
+      return absl::InvalidArgumentError(
+          "a request group shares one adapter reference and one prompt");
+    }
+  }
+  LORADB_ASSIGN_OR_RETURN(uint64_t revision, ResolveAdapter(requests[0].adapter));
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (GenerateRequest& r : requests) {
+    auto seq = std::make_unique<Sequence>();
+    seq->revision = revision;
+    seq->rng.seed(r.sampling.seed);
+    seq->request = std::move(r);
+    seq->result.revision = revision;
+    seqs.push_back(std::move(seq));
+  }
+  std::vector<uint64_t> ids;
   absl::MutexLock lock(&mu_);
-  seq->id = next_id_++;
-  seq->result.id = seq->id;
-  seq->result.revision = revision;
-  const uint64_t id = seq->id;
-  live_[id] = true;
-  queued_.push_back(std::move(seq));
-  return id;
+  for (auto& seq : seqs) {
+    seq->id = next_id_++;
+    seq->result.id = seq->id;
+    live_[seq->id] = true;
+    ids.push_back(seq->id);
+  }
+  // The first sequence prefills the prompt; the others wait inside it and fork its KV cache.
+  std::unique_ptr<Sequence> leader = std::move(seqs[0]);
+  for (size_t i = 1; i < seqs.size(); ++i) leader->followers.push_back(std::move(seqs[i]));
+  queued_.push_back(std::move(leader));
+  return ids;
 }
 
 absl::StatusOr<std::optional<GenerateResult>> Decoder::Poll(uint64_t id) {
@@ -179,6 +231,7 @@ DecoderStats Decoder::stats() const {
 }
 
 void Decoder::Finish(Sequence& seq, FinishReason reason, absl::Status status) {
+  ReleaseFollowers(seq, reason, status);
   if (seq.cache_seq >= 0) {
     cache_.RemoveSequence(seq.cache_seq).IgnoreError();  // known id; nothing to report
     seq.cache_seq = -1;
@@ -195,6 +248,7 @@ void Decoder::Finish(Sequence& seq, FinishReason reason, absl::Status status) {
     } else {
       ++stats_.finished;
     }
+    stats_.kv_sequences = static_cast<int64_t>(cache_.num_sequences());
     if (!cb) done_[seq.id] = std::move(seq.result);
   }
   if (cb) cb(std::move(seq.result));
@@ -260,14 +314,29 @@ absl::StatusOr<const model::LoraAdapter*> Decoder::AdapterFor(const tiers::Devic
   return out;
 }
 
-absl::Status Decoder::LeaseAdapters(std::vector<Sequence*>& candidates, std::vector<Sequence*>* run,
-                                    tiers::DeviceBatchLease* lease) {
-  std::vector<uint64_t> revs;
-  for (Sequence* s : candidates) {
-    if (s->revision != 0 && std::find(revs.begin(), revs.end(), s->revision) == revs.end()) {
-      revs.push_back(s->revision);
+std::vector<uint64_t> Decoder::RevisionsByPriority(const std::vector<Sequence*>& candidates) {
+  std::vector<std::pair<int64_t, uint64_t>> ranked;  // (longest wait, revision), first seen first
+  absl::flat_hash_map<uint64_t, size_t> index;
+  for (const Sequence* s : candidates) {
+    if (s->revision == 0) continue;
+    auto [it, inserted] = index.emplace(s->revision, ranked.size());
+    if (inserted) {
+      ranked.emplace_back(s->waiting_steps, s->revision);
+    } else {
+      ranked[it->second].first = std::max(ranked[it->second].first, s->waiting_steps);
     }
   }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<uint64_t> revs;
+  revs.reserve(ranked.size());
+  for (const auto& [wait, rev] : ranked) revs.push_back(rev);
+  return revs;
+}
+
+absl::Status Decoder::LeaseAdapters(std::vector<Sequence*>& candidates, std::vector<Sequence*>* run,
+                                    tiers::DeviceBatchLease* lease) {
+  std::vector<uint64_t> revs = RevisionsByPriority(candidates);
   absl::flat_hash_map<uint64_t, absl::Status> failed;  // revisions whose requests fail
   size_t k = revs.size();
   bool acquired = false;
@@ -315,7 +384,9 @@ absl::Status Decoder::LeaseAdapters(std::vector<Sequence*>& candidates, std::vec
       if (single.ok() || absl::IsResourceExhausted(single.status())) {
         keep.push_back(r);
       } else {
-        failed[r] = single.status();
+        failed[r] = absl::Status(single.status().code(),
+                                 absl::StrCat("adapter revision ", r,
+                                              " could not be loaded: ", single.status().message()));
       }
     }
     if (keep.size() == want.size()) return got.status();  // not attributable: a real failure
@@ -340,9 +411,11 @@ absl::Status Decoder::LeaseAdapters(std::vector<Sequence*>& candidates, std::vec
       run->push_back(s);
     } else {
       ++s->result.deferred_steps;
+      ++s->waiting_steps;
       ++deferred;
     }
   }
+  for (Sequence* s : *run) s->waiting_steps = 0;
   absl::MutexLock lock(&mu_);
   stats_.deferrals += deferred;
   return absl::OkStatus();
@@ -414,7 +487,10 @@ absl::Status Decoder::Step() {
         ++it;
       }
     }
-    while (!queued_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
+    while (!queued_.empty() &&
+           (running_.empty() ||
+            static_cast<int64_t>(running_.size() + 1 + queued_.front()->followers.size()) <=
+                options_.max_running)) {
       running_.push_back(std::move(queued_.front()));
       queued_.pop_front();
     }
@@ -433,7 +509,11 @@ absl::Status Decoder::Step() {
         running_.end());
   };
   erase_finished();
-  if (running_.empty()) return absl::OkStatus();
+  if (running_.empty()) {
+    ReleaseLeaseWhenIdle();
+    UpdateGauges();
+    return absl::OkStatus();
+  }
 
   // Candidates: every decoding sequence, plus prompts up to the prefill budget.
   std::vector<Sequence*> candidates;
@@ -491,6 +571,8 @@ absl::Status Decoder::Step() {
   prev_lease_ = std::move(lease);
   if (ready.empty()) {
     erase_finished();
+    ReleaseLeaseWhenIdle();
+    UpdateGauges();
     absl::MutexLock lock(&mu_);
     ++stats_.steps;
     return absl::OkStatus();
@@ -520,7 +602,11 @@ absl::Status Decoder::Step() {
     in.cache_seqs.push_back(s->cache_seq);
     const int32_t slot = s->revision == 0 ? -1 : slot_of[s->revision];
     lora.row_slot.insert(lora.row_slot.end(), static_cast<size_t>(n), slot);
-    full_logits = full_logits || s->request.record_logits;
+    full_logits =
+        full_logits || s->request.record_logits || (s->request.prompt_logprobs && !s->prefilled);
+    for (const auto& f : s->followers) {
+      full_logits = full_logits || f->request.record_logits || f->request.prompt_logprobs;
+    }
   }
   in.token_ids = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(model_->device());
   in.lora = lora.adapters.empty() ? nullptr : &lora;
@@ -529,6 +615,8 @@ absl::Status Decoder::Step() {
   if (!out.ok()) {
     for (Sequence* s : ready) Finish(*s, FinishReason::kError, out.status());
     erase_finished();
+    ReleaseLeaseWhenIdle();
+    UpdateGauges();
     return out.status();
   }
   const at::Tensor logits = out->logits.to(at::kCPU, at::kFloat).contiguous();
@@ -539,28 +627,155 @@ absl::Status Decoder::Step() {
     Sequence* s = ready[i];
     const int64_t n = in.seq_lens[i];
     const int64_t last = full_logits ? row + n - 1 : static_cast<int64_t>(i);
+    if (!s->followers.empty()) {
+      ForkFollowers(*s, full_logits ? base + row * vocab : nullptr, base + last * vocab, vocab, n,
+                    cancel);
+    }
     if (s->request.record_logits) {
       for (int64_t r = row; r < row + n; ++r) {
         s->result.logits.emplace_back(base + r * vocab, base + (r + 1) * vocab);
       }
     }
+    if (!s->prefilled && s->request.prompt_logprobs)
+      RecordPromptLogprobs(*s, base + row * vocab, vocab);
     row += full_logits ? n : 1;
     s->prefilled = true;
-    const int64_t token = Sample(*s, base + last * vocab, vocab);
-    s->result.tokens.push_back(token);
-    const auto& stops = s->request.stop_token_ids;
-    if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
-      Finish(*s, FinishReason::kStop, absl::OkStatus());
-    } else if (static_cast<int64_t>(s->result.tokens.size()) >= s->request.max_new_tokens) {
-      Finish(*s, FinishReason::kLength, absl::OkStatus());
-    }
+    s->result.tokens.push_back(Sample(*s, base + last * vocab, vocab));
+    EndOfToken(*s, base + last * vocab, vocab);
   }
   erase_finished();
+  ReleaseLeaseWhenIdle();
+  UpdateGauges();
   absl::MutexLock lock(&mu_);
   ++stats_.steps;
   stats_.prefill_tokens += prefill_tokens;
   stats_.decode_tokens += decode_tokens;
   return absl::OkStatus();
+}
+
+TokenLogprob Decoder::Logprobs(const float* logits, int64_t vocab, int64_t token, int64_t top) {
+  // log p_i = l_i - (max + log sum_j exp(l_j - max)), accumulated in double.
+  float max_logit = logits[0];
+  for (int64_t i = 1; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    sum += std::exp(static_cast<double>(logits[i]) - static_cast<double>(max_logit));
+  }
+  const double log_z = static_cast<double>(max_logit) + std::log(sum);
+  auto logprob = [&](int64_t i) { return static_cast<float>(logits[i] - log_z); };
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = logprob(token);
+  if (top > 0) {
+    std::vector<int64_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    const auto k = static_cast<ptrdiff_t>(std::min(top, vocab));
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    out.top.reserve(static_cast<size_t>(k));
+    for (ptrdiff_t i = 0; i < k; ++i) out.top.emplace_back(order[i], logprob(order[i]));
+  }
+  return out;
+}
+
+void Decoder::RecordPromptLogprobs(Sequence& seq, const float* rows, int64_t vocab) {
+  const std::vector<int64_t>& prompt = seq.request.prompt_ids;
+  const int64_t top = std::max<int64_t>(seq.request.logprobs, 0);
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    seq.result.prompt_logprobs.push_back(
+        Logprobs(rows + static_cast<int64_t>(p - 1) * vocab, vocab, prompt[p], top));
+  }
+}
+
+bool Decoder::AfterToken(Sequence& seq, const float* logits, int64_t vocab) {
+  const TokenLogprob* lp = nullptr;
+  if (seq.request.logprobs >= 0) {
+    seq.result.logprobs.push_back(
+        Logprobs(logits, vocab, seq.result.tokens.back(), seq.request.logprobs));
+    lp = &seq.result.logprobs.back();
+  }
+  if (!seq.request.on_token) return false;
+  TokenEvent event;
+  event.id = seq.id;
+  event.token = seq.result.tokens.back();
+  event.logprob = lp;
+  event.tokens = &seq.result.tokens;
+  return seq.request.on_token(event);
+}
+
+void Decoder::ReleaseFollowers(Sequence& leader, FinishReason reason, const absl::Status& status) {
+  if (leader.followers.empty()) return;
+  std::vector<std::unique_ptr<Sequence>> followers = std::move(leader.followers);
+  leader.followers.clear();
+  if (reason == FinishReason::kError) {
+    for (auto& f : followers) Finish(*f, reason, status);
+    return;
+  }
+  // The leader left before prefilling (cancelled): the others prefill for themselves, first in
+  // line, as a group of their own.
+  std::unique_ptr<Sequence> next = std::move(followers[0]);
+  for (size_t i = 1; i < followers.size(); ++i) next->followers.push_back(std::move(followers[i]));
+  absl::MutexLock lock(&mu_);
+  queued_.push_front(std::move(next));
+}
+
+void Decoder::ForkFollowers(Sequence& leader, const float* rows, const float* last, int64_t vocab,
+                            int64_t n, const absl::flat_hash_map<uint64_t, bool>& cancel) {
+  while (!leader.followers.empty()) {
+    std::unique_ptr<Sequence> f = std::move(leader.followers.front());
+    leader.followers.erase(leader.followers.begin());
+    if (cancel.contains(f->id)) {
+      Finish(*f, FinishReason::kCancelled, absl::OkStatus());
+      continue;
+    }
+    absl::StatusOr<model::KvCache::SeqId> forked =
+        cache_.Fork(leader.cache_seq, f->request.max_new_tokens);
+    if (!forked.ok()) {
+      Finish(*f, FinishReason::kError, forked.status());
+      continue;
+    }
+    f->cache_seq = *forked;
+    f->prefilled = true;
+    if (f->request.record_logits && rows != nullptr) {
+      for (int64_t r = 0; r < n; ++r) {
+        f->result.logits.emplace_back(rows + r * vocab, rows + (r + 1) * vocab);
+      }
+    }
+    if (f->request.prompt_logprobs && rows != nullptr) RecordPromptLogprobs(*f, rows, vocab);
+    f->result.tokens.push_back(Sample(*f, last, vocab));
+    EndOfToken(*f, last, vocab);
+    running_.push_back(std::move(f));
+  }
+}
+
+void Decoder::EndOfToken(Sequence& seq, const float* logits, int64_t vocab) {
+  const bool hook_stop = AfterToken(seq, logits, vocab);
+  const auto& stops = seq.request.stop_token_ids;
+  if (hook_stop || std::find(stops.begin(), stops.end(), seq.result.tokens.back()) != stops.end()) {
+    Finish(seq, FinishReason::kStop, absl::OkStatus());
+  } else if (static_cast<int64_t>(seq.result.tokens.size()) >= seq.request.max_new_tokens) {
+    Finish(seq, FinishReason::kLength, absl::OkStatus());
+  }
+}
+
+void Decoder::ReleaseLeaseWhenIdle() {
+  if (!running_.empty()) return;
+  built_.clear();
+  prev_lease_.Release();
+}
+
+void Decoder::UpdateGauges() {
+  const auto running = static_cast<int64_t>(running_.size());
+  const auto kv = static_cast<int64_t>(cache_.num_sequences());
+  const int64_t kv_bytes = cache_.allocated_bytes();
+  const auto leased = static_cast<int64_t>(prev_lease_.size());
+  absl::MutexLock lock(&mu_);
+  stats_.queued = static_cast<int64_t>(queued_.size());
+  stats_.running = running;
+  stats_.kv_sequences = kv;
+  stats_.kv_bytes = kv_bytes;
+  stats_.leased_adapters = leased;
 }
 
 absl::Status Decoder::RunUntilIdle() {

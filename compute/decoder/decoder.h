@@ -11,8 +11,9 @@
 //   revision for its whole life. Moving an alias mid-stream does not change running requests;
 //   requests submitted after the move get the new revision.
 // - When the step's adapters do not all fit in the device arena (or the CPU tier is at its
-//   load bound), the decoder runs the adapters that fit (oldest requests first) and defers the
-//   others' requests to later steps; they are never failed for capacity. Only an adapter larger
+//   load bound), the decoder runs the adapters that fit (those whose requests have waited the
+//   most consecutive steps first, then the oldest) and defers the others' requests to later
+//   steps; they are never failed for capacity. Only an adapter larger
 //   than the whole arena, a revision whose blob cannot be read, or an adapter that does not fit
 //   the base fails its request (with that error).
 // - KV cache: the model's contiguous per-sequence cache (compute/model/kv_cache.h).
@@ -39,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "compute/decoder/generate_types.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/store/store.h"
 #include "storage/tiers/cpu_cache.h"
@@ -56,8 +58,15 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
-enum class FinishReason { kLength, kStop, kError, kCancelled };
-const char* FinishReasonName(FinishReason reason);
+// What GenerateRequest::on_token sees after each generated token.
+struct TokenEvent {
+  uint64_t id = 0;
+  int64_t token = 0;
+  // The token's log-probs; null unless GenerateRequest::logprobs >= 0.
+  const TokenLogprob* logprob = nullptr;
+  // Every token generated so far, this one last.
+  const std::vector<int64_t>* tokens = nullptr;
+};
 
 struct GenerateResult {
   uint64_t id = 0;
@@ -70,6 +79,11 @@ struct GenerateResult {
   // With GenerateRequest::record_logits: fp32 logits, one row per prompt position then one per
   // generated token except the last ([prompt + tokens - 1][vocab]).
   std::vector<std::vector<float>> logits;
+  // With GenerateRequest::logprobs >= 0: one entry per generated token.
+  std::vector<TokenLogprob> logprobs;
+  // With GenerateRequest::prompt_logprobs: one entry per prompt token after the first (the
+  // first has no preceding context), each under the logits of the position before it.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 struct GenerateRequest {
@@ -80,6 +94,15 @@ struct GenerateRequest {
   std::vector<int64_t> stop_token_ids;
   SamplingParams sampling;
   bool record_logits = false;
+  // -1: no log-probs. k >= 0: each generated token's log-prob plus the k most likely tokens'
+  // (TokenLogprob), in GenerateResult::logprobs and TokenEvent::logprob.
+  int64_t logprobs = -1;
+  // Also the prompt tokens' log-probs (with the same k; logprobs -1 counts as 0).
+  bool prompt_logprobs = false;
+  // Called on the driver thread after each generated token, before the stop and length checks;
+  // returning true ends the request with FinishReason::kStop (the token is kept). It must not
+  // call Step.
+  std::function<bool(const TokenEvent&)> on_token;
   // Called on the driver thread when the request finishes (also when it fails); the result is
   // then not kept for Poll.
   std::function<void(GenerateResult)> on_done;
@@ -105,7 +128,17 @@ struct DecoderStats {
   int64_t failed = 0;
   int64_t adapter_builds = 0;  // adapters (re)indexed from a lease
   int64_t adapter_reuses = 0;  // adapters reused from the previous step's lease
+  // Gauges, as of the end of the last step (KV sequences also as soon as one is freed):
+  int64_t queued = 0;           // requests submitted, not yet admitted
+  int64_t running = 0;          // admitted requests not finished
+  int64_t kv_sequences = 0;     // sequences holding KV cache
+  int64_t kv_bytes = 0;         // KV cache bytes allocated
+  int64_t leased_adapters = 0;  // adapters the decoder holds a device lease on
 };
+
+// Model::Load options for a compute dtype name: "f32", "bf16", "f16", or "" (the checkpoint's).
+// InvalidArgument for another name.
+[[nodiscard]] absl::StatusOr<model::LoadOptions> ModelLoadOptions(const std::string& dtype);
 
 class Decoder {
  public:
@@ -127,6 +160,15 @@ class Decoder {
   // parameters); NotFound for an unknown adapter reference; FailedPrecondition when the
   // revision is for another base (weights fingerprint differs) or no store was given.
   [[nodiscard]] absl::StatusOr<uint64_t> Submit(GenerateRequest request);
+
+  // Queues requests that share one adapter reference and one prompt (n samples of a prompt) and
+  // returns their ids in order. The prompt is prefilled once, by the first; the others copy its
+  // KV cache (KvCache::Fork) and sample their first token from the same logits row, so each gets
+  // the tokens it would get alone. The group is admitted as a whole (beyond max_running only
+  // when nothing else runs). Errors as Submit, for any member, with nothing queued;
+  // InvalidArgument when adapters or prompts differ.
+  [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> SubmitGroup(
+      std::vector<GenerateRequest> requests);
 
   // The finished result of `id` (removed on return); nullopt while it runs. NotFound for an id
   // that was never submitted or was already polled.
@@ -153,13 +195,41 @@ class Decoder {
 
   Decoder(const model::Qwen3Model* model, Store* store, DecoderOptions options);
   absl::StatusOr<uint64_t> ResolveAdapter(const std::string& ref);
+  absl::Status Validate(const GenerateRequest& request) const;
+  // A group leader finishing before its prefill: with an error its followers fail alike;
+  // otherwise they go back to the head of the queue as a group of their own.
+  void ReleaseFollowers(Sequence& leader, FinishReason reason, const absl::Status& status);
+  // After the leader's prefill: each follower forks its KV cache, samples its first token from
+  // the `last` logits row (`rows`: the leader's n prompt rows when full logits were computed,
+  // else null) and joins running_. Followers in `cancel` finish cancelled.
+  void ForkFollowers(Sequence& leader, const float* rows, const float* last, int64_t vocab,
+                     int64_t n, const absl::flat_hash_map<uint64_t, bool>& cancel);
+  // After a token was appended to `seq`: log-probs, the on_token hook, stop and length checks.
+  void EndOfToken(Sequence& seq, const float* logits, int64_t vocab);
   void Finish(Sequence& seq, FinishReason reason, absl::Status status);
+  // The candidates' distinct revisions, those with the longest-deferred sequence first, then in
+  // arrival order: under slot pressure adapters take turns instead of the oldest requests
+  // holding the arena until they finish (which would push later requests' first token back by
+  // whole generations).
+  static std::vector<uint64_t> RevisionsByPriority(const std::vector<Sequence*>& candidates);
   // Leases the adapters of `running`; fills `run` with the sequences that can run this step.
   absl::Status LeaseAdapters(std::vector<Sequence*>& running, std::vector<Sequence*>* run,
                              tiers::DeviceBatchLease* lease);
   absl::StatusOr<const model::LoraAdapter*> AdapterFor(const tiers::DeviceAdapter& dev,
                                                        uint64_t revision);
   static int64_t Sample(Sequence& seq, const float* logits, int64_t vocab);
+  // Log-probs of `token` and the `top` most likely tokens under one logits row.
+  static TokenLogprob Logprobs(const float* logits, int64_t vocab, int64_t token, int64_t top);
+  // Records the prompt log-probs of a sequence just prefilled from its `n` logits rows.
+  static void RecordPromptLogprobs(Sequence& seq, const float* rows, int64_t vocab);
+  // After a sampled token: its log-probs and the on_token hook. True when the hook ends the
+  // sequence.
+  static bool AfterToken(Sequence& seq, const float* logits, int64_t vocab);
+  // With nothing running, drops the previous step's device lease (kept otherwise so that the
+  // next step reuses its adapters), so an idle decoder pins nothing in the device tier.
+  void ReleaseLeaseWhenIdle();
+  // Refreshes the gauges in stats_.
+  void UpdateGauges();
 
   const model::Qwen3Model* model_;
   Store* store_;

@@ -20,19 +20,7 @@ absl::StatusOr<std::vector<GenerateToolResult>> RunGenerate(const GenerateToolRe
                                                    request.prompts.size(), "), got ",
                                                    request.adapters.size()));
   }
-  model::LoadOptions lo;
-  if (!request.dtype.empty()) {
-    if (request.dtype == "f32") {
-      lo.dtype = at::kFloat;
-    } else if (request.dtype == "bf16") {
-      lo.dtype = at::kBFloat16;
-    } else if (request.dtype == "f16") {
-      lo.dtype = at::kHalf;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype \"", request.dtype, "\": expected f32, bf16 or f16"));
-    }
-  }
+  LORADB_ASSIGN_OR_RETURN(model::LoadOptions lo, ModelLoadOptions(request.dtype));
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<model::Qwen3Model> model,
                           model::Qwen3Model::Load(request.model_dir, lo));
   model::KernelLoraApplier applier(at::get_num_threads());

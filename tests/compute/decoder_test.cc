@@ -1,14 +1,18 @@
 // Decoder: store-backed multi-LoRA continuous batching. Batch invariance against merged weights
 // (16 requests over 16 adapters), alias moves mid-stream, deferral when the device arena is too
-// small, sampling determinism, stop tokens, cancellation and input validation.
+// small, sampling determinism, stop tokens, cancellation and input validation; log-probs
+// against the recorded logits, the token hook, the gauges after a cancel, and request groups
+// (one prefill for n samples).
 #include "compute/decoder/decoder.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -378,6 +382,174 @@ TEST_F(DecoderTest, StopTokensAndCancel) {
   ASSERT_TRUE(d->RunUntilIdle().ok());
   EXPECT_EQ(got, full.tokens);
   EXPECT_TRUE(absl::IsNotFound(d->Poll(*cid).status()));
+}
+
+// log-softmax of one recorded logits row, in double.
+std::vector<double> LogSoftmax(const std::vector<float>& row) {
+  double max = row[0];
+  for (float v : row) max = std::max<double>(max, v);
+  double sum = 0;
+  for (float v : row) sum += std::exp(v - max);
+  std::vector<double> out;
+  for (float v : row) out.push_back(v - max - std::log(sum));
+  return out;
+}
+
+// `lp` is `token` under `row`'s log-softmax, with the k most likely tokens in order.
+void ExpectLogprobsOf(const std::vector<float>& row, int64_t token, const TokenLogprob& lp,
+                      size_t k) {
+  const std::vector<double> want = LogSoftmax(row);
+  EXPECT_EQ(lp.token, token);
+  EXPECT_NEAR(lp.logprob, want[static_cast<size_t>(token)], 1e-5);
+  ASSERT_EQ(lp.top.size(), k);
+  std::vector<int64_t> order(want.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return want[static_cast<size_t>(a)] > want[static_cast<size_t>(b)];
+  });
+  for (size_t i = 0; i < k; ++i) {
+    EXPECT_EQ(lp.top[i].first, order[i]) << i;
+    EXPECT_NEAR(lp.top[i].second, want[static_cast<size_t>(order[i])], 1e-5);
+  }
+}
+
+TEST_F(DecoderTest, LogprobsAreTheLogSoftmaxOfTheSamplersLogits) {
+  Publish("p", MakeAdapter(8), "prod");
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  GenerateRequest r = Req("p:prod", Prompt(4, 6), 5);
+  r.sampling.temperature = 2.0;  // log-probs stay those of the unscaled logits
+  r.sampling.seed = 3;
+  r.record_logits = true;
+  r.logprobs = 4;
+  r.prompt_logprobs = true;
+  std::vector<int64_t> streamed;
+  r.on_token = [&](const TokenEvent& e) {
+    EXPECT_NE(e.logprob, nullptr);
+    if (e.logprob != nullptr) {
+      EXPECT_EQ(e.logprob->token, e.token);
+    }
+    streamed.push_back(e.token);
+    EXPECT_EQ(*e.tokens, streamed);
+    return false;
+  };
+  GenerateResult got = RunOne(*d, r);
+  ASSERT_EQ(got.tokens.size(), 5u);
+  EXPECT_EQ(streamed, got.tokens);
+  ASSERT_EQ(got.logits.size(), 6u + 5u - 1u);
+  // Generated token i was sampled from logits row 5 + i.
+  ASSERT_EQ(got.logprobs.size(), 5u);
+  for (size_t i = 0; i < 5; ++i)
+    ExpectLogprobsOf(got.logits[5 + i], got.tokens[i], got.logprobs[i], 4);
+  // Prompt token p (p >= 1) under row p - 1.
+  ASSERT_EQ(got.prompt_logprobs.size(), 5u);
+  for (size_t p = 1; p < 6; ++p) {
+    ExpectLogprobsOf(got.logits[p - 1], r.prompt_ids[p], got.prompt_logprobs[p - 1], 4);
+  }
+  // The same request without logits recorded, beside another: the same tokens and log-probs.
+  GenerateRequest plain = r;
+  plain.record_logits = false;
+  plain.on_token = nullptr;
+  ASSERT_TRUE(d->Submit(Req("", Prompt(9, 3), 7)).ok());
+  GenerateResult again = RunOne(*d, plain);
+  EXPECT_EQ(again.tokens, got.tokens);
+  ASSERT_EQ(again.logprobs.size(), got.logprobs.size());
+  for (size_t i = 0; i < got.logprobs.size(); ++i) {
+    EXPECT_NEAR(again.logprobs[i].logprob, got.logprobs[i].logprob, 1e-5);
+  }
+  EXPECT_TRUE(RunOne(*d, Req("", Prompt(4, 6), 2)).logprobs.empty());
+}
+
+TEST_F(DecoderTest, TokenHookEndsTheSequenceAndGaugesFollowCancel) {
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  const GenerateResult full = RunOne(*d, Req("", Prompt(6, 4), 8));
+  GenerateRequest hooked = Req("", Prompt(6, 4), 8);
+  hooked.on_token = [](const TokenEvent& e) { return e.tokens->size() == 2; };
+  const GenerateResult stopped = RunOne(*d, hooked);
+  EXPECT_EQ(stopped.finish, FinishReason::kStop);
+  EXPECT_EQ(stopped.tokens, std::vector<int64_t>(full.tokens.begin(), full.tokens.begin() + 2));
+
+  Publish("a", MakeAdapter(21), "prod");
+  absl::StatusOr<uint64_t> a = d->Submit(Req("a:prod", Prompt(1, 4), 20));
+  absl::StatusOr<uint64_t> b = d->Submit(Req("", Prompt(2, 4), 20));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(d->Step().ok());
+  ASSERT_TRUE(d->Step().ok());
+  DecoderStats s = d->stats();
+  EXPECT_EQ(s.running, 2);
+  EXPECT_EQ(s.kv_sequences, 2);
+  EXPECT_EQ(s.leased_adapters, 1);
+  EXPECT_GT(s.kv_bytes, 0);
+  ASSERT_TRUE(d->Cancel(*a).ok());
+  ASSERT_TRUE(d->Step().ok());  // one step: a's KV cache and adapter lease are gone
+  s = d->stats();
+  EXPECT_EQ(s.running, 1);
+  EXPECT_EQ(s.kv_sequences, 1);
+  EXPECT_EQ(s.leased_adapters, 0);
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  s = d->stats();
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.kv_sequences, 0);
+  EXPECT_EQ(s.kv_bytes, 0);
+}
+
+TEST_F(DecoderTest, GroupPrefillsOnceAndEachMemberMatchesItsRequestAlone) {
+  Publish("p", MakeAdapter(9), "prod");
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  std::vector<GenerateRequest> group;
+  for (uint64_t i = 0; i < 3; ++i) {
+    GenerateRequest r = Req("p:prod", Prompt(12, 7), 6);
+    r.sampling.temperature = 1.4;
+    r.sampling.seed = 50 + i;
+    r.logprobs = i == 1 ? 2 : -1;
+    r.prompt_logprobs = i == 2;
+    group.push_back(r);
+  }
+  ASSERT_TRUE(d->Submit(Req("", Prompt(13, 5), 4)).ok());  // another request in the batch
+  absl::StatusOr<std::vector<uint64_t>> ids = d->SubmitGroup(group);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->size(), 3u);
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  EXPECT_EQ(d->stats().prefill_tokens, 5 + 7);  // the group's prompt once
+  std::unique_ptr<Decoder> alone = NewDecoder(store_.get());
+  std::vector<std::vector<int64_t>> tokens;
+  for (size_t i = 0; i < 3; ++i) {
+    absl::StatusOr<std::optional<GenerateResult>> r = d->Poll((*ids)[i]);
+    ASSERT_TRUE(r.ok() && r->has_value());
+    const GenerateResult want = RunOne(*alone, group[i]);
+    EXPECT_EQ((*r)->tokens, want.tokens) << i;
+    ASSERT_EQ((*r)->logprobs.size(), want.logprobs.size());
+    for (size_t t = 0; t < want.logprobs.size(); ++t) {
+      EXPECT_NEAR((*r)->logprobs[t].logprob, want.logprobs[t].logprob, 1e-4);
+    }
+    ASSERT_EQ((*r)->prompt_logprobs.size(), want.prompt_logprobs.size());
+    for (size_t t = 0; t < want.prompt_logprobs.size(); ++t) {
+      EXPECT_NEAR((*r)->prompt_logprobs[t].logprob, want.prompt_logprobs[t].logprob, 1e-4);
+    }
+    tokens.push_back((*r)->tokens);
+  }
+  EXPECT_NE(tokens[0], tokens[1]);
+  EXPECT_EQ(tokens.size(), 3u);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      d->SubmitGroup({Req("", Prompt(1, 3), 2), Req("", Prompt(2, 3), 2)}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(d->SubmitGroup({}).status()));
+
+  // The leader cancelled before its prefill: the others still run, from their own prefill.
+  absl::StatusOr<std::vector<uint64_t>> again = d->SubmitGroup(group);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(d->Cancel((*again)[0]).ok());
+  ASSERT_TRUE(d->Cancel((*again)[2]).ok());
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  absl::StatusOr<std::optional<GenerateResult>> lead = d->Poll((*again)[0]);
+  absl::StatusOr<std::optional<GenerateResult>> mid = d->Poll((*again)[1]);
+  absl::StatusOr<std::optional<GenerateResult>> last = d->Poll((*again)[2]);
+  ASSERT_TRUE(lead.ok() && lead->has_value() && mid.ok() && mid->has_value() && last.ok() &&
+              last->has_value());
+  EXPECT_EQ((*lead)->finish, FinishReason::kCancelled);
+  EXPECT_EQ((*last)->finish, FinishReason::kCancelled);
+  EXPECT_TRUE((*last)->tokens.empty());
+  EXPECT_EQ((*mid)->finish, FinishReason::kLength);
+  EXPECT_EQ((*mid)->tokens, tokens[1]);
+  EXPECT_EQ(d->stats().kv_sequences, 0);
 }
 
 TEST_F(DecoderTest, BadRequestsAreRejectedAndNothingIsQueued) {

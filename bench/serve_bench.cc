@@ -1,0 +1,329 @@
+// Scenario `serve`: serving through serving::CompletionService in-process (the layer the
+// OpenAI-compatible routes sit on; the HTTP path is measured against these figures). A random
+// base (--config, default compute/configs/bench-60m.json, fp32) and rank --rank adapters
+// published in a store; concurrent client threads, each a closed loop of --requests greedy
+// completions of --tokens tokens on random --prompt-token prompts. Two cases:
+//  - `throughput`: --clients clients each naming its own adapter, versus the same clients all
+//    on the base; completion tokens/s over the whole run (prefill included).
+//    Goal: distinct adapters >= 0.6x the base.
+//  - `cliff`: a device arena of exactly --slots adapters; --cliff-clients clients round-robin
+//    over 1x, 2x and 4x --slots distinct adapters (all resident in the CPU tier); time to
+//    first token (Submit to the first token callback) p50 / p99.
+//    Goal: TTFT p50 and p99 at 4x the slots <= 3x those at 1x.
+// Flags: --clients=N --cliff-clients=N --slots=N --requests=N --prompt=N --tokens=N --rank=N
+// --threads=N (LibTorch intra-op and LoRA kernel threads) --config=PATH.
+#if defined(LORADB_COMPUTE_AVAILABLE)
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
+#include "compute/model/model_tools.h"
+#include "compute/serving/completion_service.h"
+#include "compute/serving/random_adapter.h"
+#include "storage/store/store.h"
+
+namespace loradb::bench {
+namespace {
+
+struct Options {
+  std::string which = "all";  // throughput | cliff | all
+  int64_t clients = 64, cliff_clients = 32, slots = 8, requests = 2, prompt = 16, tokens = 16;
+  int64_t rank = 16, threads = 1;
+  std::string config = std::string(LORADB_SOURCE_DIR) + "/compute/configs/bench-60m.json";
+};
+
+absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
+  for (const std::string& a : args) {
+    auto flag = [&](const char* name, int64_t* v) {
+      const std::string prefix = name;
+      return a.rfind(prefix, 0) == 0 && absl::SimpleAtoi(a.substr(prefix.size()), v) && *v > 0;
+    };
+    if (a == "throughput" || a == "cliff" || a == "all") {
+      o->which = a;
+    } else if (a.rfind("--config=", 0) == 0) {
+      o->config = a.substr(9);
+    } else if (!flag("--clients=", &o->clients) && !flag("--cliff-clients=", &o->cliff_clients) &&
+               !flag("--slots=", &o->slots) && !flag("--requests=", &o->requests) &&
+               !flag("--prompt=", &o->prompt) && !flag("--tokens=", &o->tokens) &&
+               !flag("--rank=", &o->rank) && !flag("--threads=", &o->threads)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "serve bench: bad argument ", a,
+          " (throughput|cliff|all --clients=N --cliff-clients=N --slots=N --requests=N "
+          "--prompt=N --tokens=N --rank=N --threads=N --config=PATH)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+struct RunFigures {
+  int64_t completion_tokens = 0;
+  double seconds = 0;
+  std::vector<double> ttft_ms;
+  std::vector<double> latency_ms;
+  serving::ServiceStats stats;
+  double tokens_per_s() const {
+    return seconds > 0 ? static_cast<double>(completion_tokens) / seconds : 0;
+  }
+};
+
+// `clients` threads, client i naming models[i % models.size()], each running `o.requests`
+// completions one after another.
+absl::StatusOr<RunFigures> RunClients(serving::CompletionService& svc, const Options& o,
+                                      int64_t clients, const std::vector<std::string>& models,
+                                      uint64_t prompt_seed) {
+  RunFigures f;
+  std::mutex mu;
+  absl::Status first_error;
+  std::atomic<int64_t> tokens{0};
+  const serving::ServiceStats before = svc.stats();
+  const double t0 = NowSeconds();
+  std::vector<std::thread> threads;
+  for (int64_t c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937_64 rng(prompt_seed * 1000003 + static_cast<uint64_t>(c));
+      for (int64_t r = 0; r < o.requests; ++r) {
+        serving::CompletionRequest req;
+        req.model = models[static_cast<size_t>(c) % models.size()];
+        req.prompt.resize(static_cast<size_t>(o.prompt));
+        for (int64_t& t : req.prompt) {
+          t = static_cast<int64_t>(rng() % static_cast<uint64_t>(svc.vocab_size()));
+        }
+        req.max_tokens = o.tokens;
+        req.temperature = 0;
+        const double start = NowSeconds();
+        auto first = std::make_shared<std::atomic<double>>(0.0);
+        req.on_token = [first](const serving::TokenEvent&) {
+          double zero = 0;
+          first->compare_exchange_strong(zero, NowSeconds());
+        };
+        absl::StatusOr<serving::CompletionResult> res = svc.Complete(std::move(req));
+        const double end = NowSeconds();
+        std::lock_guard<std::mutex> lock(mu);
+        if (!res.ok() || !res->status.ok()) {
+          if (first_error.ok()) first_error = res.ok() ? res->status : res.status();
+          return;
+        }
+        tokens += res->usage.completion_tokens;
+        f.ttft_ms.push_back((first->load() - start) * 1e3);
+        f.latency_ms.push_back((end - start) * 1e3);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  f.seconds = NowSeconds() - t0;
+  if (!first_error.ok()) return first_error;
+  f.completion_tokens = tokens.load();
+  const serving::ServiceStats after = svc.stats();
+  f.stats.steps = after.steps - before.steps;
+  f.stats.deferrals = after.deferrals - before.deferrals;
+  f.stats.prefill_tokens = after.prefill_tokens - before.prefill_tokens;
+  f.stats.decode_tokens = after.decode_tokens - before.decode_tokens;
+  return f;
+}
+
+nlohmann::json Line(const Options& o, const std::string& name, int64_t clients, int64_t adapters,
+                    const RunFigures& f) {
+  return {{"bench", "serve"},
+          {"case", name},
+          {"path", "in_process"},
+          {"clients", clients},
+          {"adapters", adapters},
+          {"requests_per_client", o.requests},
+          {"prompt_tokens", o.prompt},
+          {"max_tokens", o.tokens},
+          {"rank", o.rank},
+          {"threads", o.threads},
+          {"completion_tokens", f.completion_tokens},
+          {"seconds", f.seconds},
+          {"tokens_per_s", f.tokens_per_s()},
+          {"ttft_p50_ms", Quantile(f.ttft_ms, 0.5)},
+          {"ttft_p99_ms", Quantile(f.ttft_ms, 0.99)},
+          {"latency_p50_ms", Quantile(f.latency_ms, 0.5)},
+          {"latency_p99_ms", Quantile(f.latency_ms, 0.99)},
+          {"steps", f.stats.steps},
+          {"deferrals", f.stats.deferrals}};
+}
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+// The base checkpoint, the store and `adapters` published policies p0.. (alias prod).
+struct Setup {
+  std::string model_dir;
+  std::unique_ptr<Store> store;
+  uint64_t adapter_bytes = 0;
+  int64_t adapter_tensors = 0;
+};
+
+absl::StatusOr<Setup> MakeSetup(const Options& o, const std::string& dir, int64_t adapters) {
+  Setup s;
+  s.model_dir = dir + "/model";
+  Progress(absl::StrCat("serve: random base from ", o.config, ", ", adapters, " adapters"));
+  absl::StatusOr<Hash128> fp = model::InitRandomCheckpoint(o.config, s.model_dir, 1, "f32");
+  if (!fp.ok()) return fp.status();
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(dir + "/store");
+  if (!store.ok()) return store.status();
+  s.store = std::move(*store);
+  absl::Status st = s.store
+                        ->AddBaseFromConfig("bench", s.model_dir + "/config.json",
+                                            s.model_dir + "/model.safetensors")
+                        .status();
+  if (!st.ok()) return st;
+  for (int64_t i = 0; i < adapters; ++i) {
+    serving::RandomAdapterSpec spec;
+    spec.rank = o.rank;
+    spec.alpha = static_cast<float>(2 * o.rank);
+    spec.stddev = 0.02f;
+    spec.seed = static_cast<uint64_t>(i + 1);
+    absl::StatusOr<RevisionRecord> rev =
+        serving::PublishRandomAdapter(*s.store, "bench", absl::StrCat("p", i), "prod", spec);
+    if (!rev.ok()) return rev.status();
+    if (i == 0) {
+      absl::StatusOr<TensorSet> t = s.store->ReadTensors(*rev);
+      if (!t.ok()) return t.status();
+      for (const TensorView& v : t->tensors()) {
+        s.adapter_bytes += v.nbytes;
+        ++s.adapter_tensors;
+      }
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<serving::CompletionService>> NewService(
+    const Options& o, const Setup& s, int64_t clients, uint64_t arena_bytes, uint64_t page_bytes,
+    int64_t adapters) {
+  serving::ServiceOptions so;
+  so.model_dir = s.model_dir;
+  so.max_running = clients;
+  so.max_queued = clients;
+  so.max_prefill_tokens = clients * o.prompt;
+  so.lora_threads = static_cast<int>(o.threads);
+  so.torch_threads = static_cast<int>(o.threads);
+  so.cpu_cache_bytes =
+      (s.adapter_bytes + (1 << 20)) * static_cast<uint64_t>(adapters) + (uint64_t{64} << 20);
+  so.device_arena_bytes = arena_bytes;
+  so.device_page_bytes = page_bytes;
+  return serving::CompletionService::Create(so, s.store.get());
+}
+
+std::vector<std::string> Models(int64_t adapters) {
+  std::vector<std::string> m;
+  for (int64_t i = 0; i < adapters; ++i) m.push_back(absl::StrCat("p", i, ":prod"));
+  if (m.empty()) m.push_back("");
+  return m;
+}
+
+absl::Status RunThroughput(const Options& o, const Setup& s) {
+  absl::StatusOr<std::unique_ptr<serving::CompletionService>> svc = NewService(
+      o, s, o.clients, (s.adapter_bytes + (1 << 20)) * o.clients + (64 << 20), 64 << 10, o.clients);
+  if (!svc.ok()) return svc.status();
+  // Warm-up: every adapter into the tiers once, so both cases measure steady serving.
+  Progress("serve throughput: warm-up");
+  absl::StatusOr<RunFigures> warm = RunClients(**svc, o, o.clients, Models(o.clients), 1);
+  if (!warm.ok()) return warm.status();
+  Progress(absl::StrCat("serve throughput: ", o.clients, " clients on the base"));
+  absl::StatusOr<RunFigures> base = RunClients(**svc, o, o.clients, Models(0), 2);
+  if (!base.ok()) return base.status();
+  Progress(absl::StrCat("serve throughput: ", o.clients, " clients, distinct adapters"));
+  absl::StatusOr<RunFigures> distinct = RunClients(**svc, o, o.clients, Models(o.clients), 3);
+  if (!distinct.ok()) return distinct.status();
+  Emit(Line(o, "base", o.clients, 0, *base));
+  Emit(Line(o, "distinct", o.clients, o.clients, *distinct));
+  const double ratio = Ratio(distinct->tokens_per_s(), base->tokens_per_s());
+  EmitGoal("serve", absl::StrCat("distinct_", o.clients, "_vs_base_tokens_per_s"), ratio, ">= 0.6",
+           ratio >= 0.6);
+  return absl::OkStatus();
+}
+
+absl::Status RunCliff(const Options& o, const Setup& s) {
+  // 256-byte pages: an adapter takes at most ceil(bytes / page) pages plus one per tensor
+  // (chunk rounding), so the arena below holds `slots` adapters and, while slots * tensors
+  // < bytes / page, not one more.
+  constexpr uint64_t kPage = 256;
+  const uint64_t per_adapter =
+      (s.adapter_bytes + kPage - 1) / kPage + static_cast<uint64_t>(s.adapter_tensors);
+  if (static_cast<uint64_t>(o.slots * s.adapter_tensors) >= s.adapter_bytes / kPage) {
+    return absl::InvalidArgumentError("serve cliff: adapters too small to size the arena exactly");
+  }
+  const uint64_t arena = per_adapter * kPage * static_cast<uint64_t>(o.slots);
+  std::vector<double> p50, p99;
+  for (int64_t mult : {1, 2, 4}) {
+    const int64_t adapters = o.slots * mult;
+    absl::StatusOr<std::unique_ptr<serving::CompletionService>> svc =
+        NewService(o, s, o.cliff_clients, arena, kPage, adapters);
+    if (!svc.ok()) return svc.status();
+    Progress(absl::StrCat("serve cliff: ", adapters, " adapters in ", o.slots, " slots, warm-up"));
+    absl::StatusOr<RunFigures> warm = RunClients(**svc, o, adapters, Models(adapters), 10);
+    if (!warm.ok()) return warm.status();
+    Progress(absl::StrCat("serve cliff: ", adapters, " adapters in ", o.slots, " slots, ",
+                          o.cliff_clients, " clients"));
+    absl::StatusOr<RunFigures> f =
+        RunClients(**svc, o, o.cliff_clients, Models(adapters), 11 + static_cast<uint64_t>(mult));
+    if (!f.ok()) return f.status();
+    nlohmann::json line = Line(o, absl::StrCat("cliff_", mult, "x"), o.cliff_clients, adapters, *f);
+    line["slots"] = o.slots;
+    line["arena_bytes"] = arena;
+    Emit(line);
+    p50.push_back(Quantile(f->ttft_ms, 0.5));
+    p99.push_back(Quantile(f->ttft_ms, 0.99));
+  }
+  const double r50 = Ratio(p50[2], p50[0]), r99 = Ratio(p99[2], p99[0]);
+  EmitGoal("serve", "ttft_p50_4x_slots_vs_1x", r50, "<= 3", r50 <= 3);
+  EmitGoal("serve", "ttft_p99_4x_slots_vs_1x", r99, "<= 3", r99 <= 3);
+  return absl::OkStatus();
+}
+
+absl::Status Run(const std::vector<std::string>& args) {
+  Options o;
+  absl::Status st = ParseArgs(args, &o);
+  if (!st.ok()) return st;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("loradb-bench-serve-", getpid());
+  std::filesystem::create_directories(dir);
+  const int64_t adapters =
+      std::max(o.which == "cliff" ? 0 : o.clients, o.which == "throughput" ? 0 : 4 * o.slots);
+  absl::StatusOr<Setup> setup = MakeSetup(o, dir.string(), adapters);
+  absl::Status result = setup.status();
+  if (result.ok()) {
+    Emit({{"bench", "serve"},
+          {"case", "setup"},
+          {"adapter_bytes", setup->adapter_bytes},
+          {"adapter_tensors", setup->adapter_tensors},
+          {"adapters", adapters}});
+  }
+  if (result.ok() && (o.which == "throughput" || o.which == "all")) {
+    result = RunThroughput(o, *setup);
+  }
+  if (result.ok() && (o.which == "cliff" || o.which == "all")) result = RunCliff(o, *setup);
+  setup = absl::UnknownError("released");  // closes the store before its directory goes
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return result;
+}
+
+LORADB_REGISTER_SCENARIO({"serve",
+                          "in-process serving through CompletionService: distinct adapters vs "
+                          "base tokens/s (throughput) | TTFT at 1x/2x/4x adapters per device slot "
+                          "(cliff) | all",
+                          Run,
+                          {"all", "--clients=64", "--cliff-clients=32", "--slots=8", "--requests=2",
+                           "--tokens=16"}});
+
+}  // namespace
+}  // namespace loradb::bench
+
+#endif  // LORADB_COMPUTE_AVAILABLE
