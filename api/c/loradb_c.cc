@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "api/c/loradb.h"
+#include "storage/maintenance/maintenance.h"
 #include "storage/store/store.h"
 #include "storage/tiers/store_tiers.h"
 #include "storage/util/status_macros.h"
@@ -1043,7 +1044,8 @@ loradb_status_t loradb_alias_history(loradb_store_t* store, const char* policy, 
     if (!log.ok()) return Report(log.status(), errmsg);
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& e : *log) {
-      arr.push_back({{"time_us", e.time_us},
+      arr.push_back({{"seq", e.seq},
+                     {"time_us", e.time_us},
                      {"from_revision", e.from_revision},
                      {"to_revision", e.to_revision},
                      {"reason", e.reason}});
@@ -1500,7 +1502,7 @@ loradb_status_t loradb_verify(loradb_store_t* store, int* ok, char** report_json
   return Guarded(errmsg, [&]() -> loradb_status_t {
     LORADB_C_CHECK_STORE(store);
     if (ok == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "ok is NULL", errmsg);
-    absl::StatusOr<loradb::VerifyReport> rep = store->store->Verify();
+    absl::StatusOr<loradb::StoreVerifyReport> rep = loradb::VerifyOpenStore(*store->store);
     if (!rep.ok()) return Report(rep.status(), errmsg);
     *ok = rep->ok() ? 1 : 0;
     if (report_json != nullptr) {

@@ -104,6 +104,7 @@ json RevisionJson(const RevisionRecord& r, const std::string& policy_name) {
 
 json AliasLogJson(const AliasLogEntry& e) {
   return {{"alias", e.alias},
+          {"seq", e.seq},
           {"time_us", e.time_us},
           {"from_revision", e.from_revision},
           {"to_revision", e.to_revision},
@@ -180,6 +181,7 @@ json RecordSchemas() {
                        {"state", {{"type", "string"}, {"enum", {"live", "deleted"}}}},
                        {"evals", MapOf(Num())}});
   json log = Obj({{"alias", Str()},
+                  {"seq", UInt()},
                   {"time_us", Int()},
                   {"from_revision", UInt()},
                   {"to_revision", UInt()},
