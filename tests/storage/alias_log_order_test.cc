@@ -106,7 +106,9 @@ TEST(AliasLogOrder, ClockSteppingBackwardsDoesNotFailVerify) {
     for (size_t i = 0; i < log->size(); ++i) {
       EXPECT_EQ((*log)[i].seq, i + 1);
       EXPECT_EQ((*log)[i].to_revision, want_to[i]);
-      if (i > 0) EXPECT_LT((*log)[i].time_us, (*log)[i - 1].time_us) << "the clock was not used";
+      if (i > 0) {
+        EXPECT_LT((*log)[i].time_us, (*log)[i - 1].time_us) << "the clock was not used";
+      }
     }
     EXPECT_EQ(log->back().reason, "rollback");
     auto rev = s->GetRevision(r3);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "storage/util/file_util.h"
 #include "tests/test_util.h"
@@ -150,14 +151,14 @@ TEST(CatalogNames, CanonicalIds) {
 // Names no record can have are refused before they reach LMDB (an empty key is an LMDB error,
 // which once surfaced as an internal error), as InvalidArgument naming the rule.
 TEST_F(CatalogTest, LookupsRefuseInvalidNames) {
-  for (const std::string bad : {"", "a//b", "x/", std::string(600, 'a')}) {
+  for (const std::string& bad : std::vector<std::string>{"", "a//b", "x/", std::string(600, 'a')}) {
     EXPECT_TRUE(absl::IsInvalidArgument(cat_->GetPolicy(bad).status())) << bad;
     EXPECT_TRUE(absl::IsInvalidArgument(cat_->GetBase(bad).status())) << bad;
     EXPECT_TRUE(absl::IsInvalidArgument(cat_->CreatePolicy(bad, "tiny").status())) << bad;
   }
   auto r = cat_->Publish(Rev(policy_.id), "");
   ASSERT_TRUE(r.ok());
-  for (const std::string bad : {"", "1x", std::string(300, 'a')}) {
+  for (const std::string& bad : std::vector<std::string>{"", "1x", std::string(300, 'a')}) {
     EXPECT_TRUE(absl::IsInvalidArgument(cat_->GetRevisionByAlias(policy_.id, bad).status()));
     EXPECT_TRUE(absl::IsInvalidArgument(cat_->AliasLog(policy_.id, bad).status())) << bad;
     EXPECT_TRUE(absl::IsInvalidArgument(cat_->Rollback(policy_.id, bad).status())) << bad;
