@@ -67,7 +67,7 @@ typedef enum loradb_status_t {
   LORADB_CONFLICT = 4,           /* state forbids it: aliased revision, archived policy, ... */
   LORADB_RESOURCE_EXHAUSTED = 5, /* a budget or queue is full; retry later */
   LORADB_UNAVAILABLE = 6,        /* temporarily unavailable */
-  LORADB_IO_ERROR = 7,           /* reading or writing files failed */
+  LORADB_IO_ERROR = 7,           /* reading or writing files failed (EIO, permissions, ...) */
   LORADB_CORRUPT = 8,            /* checksum mismatch or damaged data */
   LORADB_INTERNAL = 9,           /* a bug in loradb */
   LORADB_UNIMPLEMENTED = 10,     /* not supported (e.g. an unsupported PEFT feature) */
@@ -389,7 +389,8 @@ LORADB_EXPORT loradb_status_t loradb_options_set_tp(loradb_options_t* options,
 /* ---- store -------------------------------------------------------------------------------- */
 
 /* Opens (or creates) the store in directory `dir`. `options` may be NULL (defaults).
- * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (out or dir NULL, empty dir);
+ * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (out or dir NULL, empty dir; `dir` exists but is
+ * not a directory: "... is not a store directory", nothing is created);
  * LORADB_INVALID_HANDLE (destroyed options); LORADB_NOT_FOUND (missing and not created);
  * LORADB_CONFLICT (written by a newer schema version, or opened across fork());
  * LORADB_IO_ERROR. Thread-safe. */
@@ -434,7 +435,10 @@ LORADB_EXPORT loradb_status_t loradb_base_list(loradb_store_t* store, char** jso
 /* ---- policies ----------------------------------------------------------------------------- */
 
 /* Creates a policy bound to a base. `labels_json` (may be empty) is a JSON object of strings.
- * *policy_id (may be NULL) receives the new id.
+ * *policy_id (may be NULL) receives the new id. Policy names: 1-128 characters of letters,
+ * digits and `_ . - /`, every '/'-separated segment non-empty and starting with a letter or
+ * digit (so `a/../b`, `a//b`, `x/`, `/x`, `.` are refused). Every call taking a policy or base
+ * name applies the same check and returns LORADB_INVALID_ARGUMENT naming the rule broken.
  * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT (bad name/labels); LORADB_NOT_FOUND (base);
  * LORADB_ALREADY_EXISTS; LORADB_INVALID_HANDLE; LORADB_IO_ERROR. Thread-safe. */
 LORADB_EXPORT loradb_status_t loradb_policy_create(loradb_store_t* store, const char* name,
@@ -495,8 +499,11 @@ LORADB_EXPORT loradb_status_t loradb_publish_safetensors(
 LORADB_EXPORT loradb_status_t loradb_revision_get(loradb_store_t* store, uint64_t id,
                                                   loradb_revision_info_t* out, char** errmsg);
 
-/* A revision by reference: "123" (id), "POLICY:ALIAS" or "POLICY@SEQ".
- * Returns: as loradb_revision_get, plus LORADB_INVALID_ARGUMENT for a malformed reference. */
+/* A revision by reference: "123" (id), "POLICY:ALIAS" or "POLICY@SEQ". Ids and seqs are
+ * canonical decimal (digits only, no sign, spaces or leading zero: " 2" and "01" are malformed);
+ * the policy and alias follow the name rules (":serving" has an empty policy name).
+ * Returns: as loradb_revision_get, plus LORADB_INVALID_ARGUMENT for a malformed reference, with a
+ * message naming what is wrong. */
 LORADB_EXPORT loradb_status_t loradb_revision_resolve(loradb_store_t* store, const char* ref,
                                                       size_t ref_len, loradb_revision_info_t* out,
                                                       char** errmsg);
@@ -572,7 +579,9 @@ LORADB_EXPORT loradb_status_t loradb_alias_rollback(loradb_store_t* store, const
                                                     size_t alias_len, uint64_t* revision,
                                                     char** errmsg);
 
-/* The alias's move log, oldest first, as a JSON array of AliasLogEntry objects (docs/json.md).
+/* The alias's move log in commit order, as a JSON array of AliasLogEntry objects (docs/json.md):
+ * "seq" numbers the moves 1, 2, ... in the order they committed; "time_us" is the wall clock at
+ * the move (informational: a stepped clock can make it go backwards).
  * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT; LORADB_NOT_FOUND (policy);
  * LORADB_INVALID_HANDLE; LORADB_IO_ERROR. Thread-safe. */
 LORADB_EXPORT loradb_status_t loradb_alias_history(loradb_store_t* store, const char* policy,
@@ -729,7 +738,9 @@ LORADB_EXPORT loradb_status_t loradb_checkpoint_get(loradb_store_t* store, uint6
 
 /* ---- verification ------------------------------------------------------------------------- */
 
-/* Checks the whole store (catalog cross-references, every blob's size and checksum). *ok = 1
+/* Checks the whole store, as `loradb verify` does: catalog cross-references, every blob's size
+ * and checksum, alias logs (numbered 1, 2, ... in commit order, each move starting where the
+ * previous one ended, the last one at the alias), the revisions-by-blob index. *ok = 1
  * when consistent; *report_json (may be NULL; free with loradb_free) receives
  * {"ok", "problems": [...], "reclaimable": [...], "blobs_checked", "bytes_checked"}.
  * Returns: LORADB_OK (also when problems were found: see *ok); LORADB_INVALID_ARGUMENT (ok

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "api/c/loradb.h"
 #include "storage/store/record_json.h"
+#include "storage/maintenance/maintenance.h"
 #include "storage/store/store.h"
 #include "storage/tiers/store_tiers.h"
 #include "storage/util/json.h"
@@ -1492,7 +1493,7 @@ loradb_status_t loradb_verify(loradb_store_t* store, int* ok, char** report_json
   return Guarded(errmsg, [&]() -> loradb_status_t {
     LORADB_C_CHECK_STORE(store);
     if (ok == nullptr) return Fail(LORADB_INVALID_ARGUMENT, "ok is NULL", errmsg);
-    absl::StatusOr<loradb::VerifyReport> rep = store->store->Verify();
+    absl::StatusOr<loradb::StoreVerifyReport> rep = loradb::VerifyOpenStore(*store->store);
     if (!rep.ok()) return Report(rep.status(), errmsg);
     *ok = rep->ok() ? 1 : 0;
     if (report_json != nullptr) {

@@ -212,6 +212,8 @@ absl::StatusOr<PolicyRecord> TxnGetPolicyById(MDB_txn* txn, const Catalog::Dbis&
 
 absl::StatusOr<PolicyRecord> TxnGetPolicy(MDB_txn* txn, const Catalog::Dbis& d,
                                           const std::string& name) {
+  // A name no policy can have is refused before it reaches LMDB (an empty key is an LMDB error).
+  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
   MDB_val v;
   absl::Status st = Get(txn, d.policies, StrVal(name), &v, "policy");
   if (absl::IsNotFound(st))
@@ -256,11 +258,9 @@ absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint6
   return GetBE64(v.mv_data);
 }
 
-// The last log entry of an alias and its number; NotFound when the log is empty.
-absl::StatusOr<std::pair<uint64_t, AliasLogEntry>> TxnLastAliasLog(MDB_txn* txn,
-                                                                   const Catalog::Dbis& d,
-                                                                   uint64_t policy_id,
-                                                                   const std::string& alias) {
+// The last log entry of an alias (its number in `seq`); NotFound when the log is empty.
+absl::StatusOr<AliasLogEntry> TxnLastAliasLog(MDB_txn* txn, const Catalog::Dbis& d,
+                                              uint64_t policy_id, const std::string& alias) {
   const std::string prefix = AliasLogPrefix(policy_id, alias);
   std::string probe = prefix + std::string(8, '\xff');
   Cursor c(txn, d.alias_log);
@@ -277,10 +277,10 @@ absl::StatusOr<std::pair<uint64_t, AliasLogEntry>> TxnLastAliasLog(MDB_txn* txn,
     return absl::NotFoundError(absl::StrCat("alias '", alias, "' has no log"));
   }
   if (rc != 0) return LmdbError(rc, "alias log");
-  const uint64_t n = GetBE64(static_cast<const uint8_t*>(k.mv_data) + prefix.size());
   LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(ValBytes(v)));
   e.alias = alias;
-  return std::make_pair(n, std::move(e));
+  e.seq = GetBE64(static_cast<const uint8_t*>(k.mv_data) + prefix.size());
+  return e;
 }
 
 absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecord& policy,
@@ -311,10 +311,12 @@ absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecor
   const std::string key = AliasKey(policy.id, alias);
   U64Key val(to);
   LORADB_RETURN_IF_ERROR(Put(txn, d.aliases, StrVal(key), val.val(), 0, "put alias"));
+  // The entry number is taken inside this write transaction (LMDB has one writer at a time), so
+  // numbers follow commit order whatever the clock does.
   uint64_t n = 1;
   auto last = TxnLastAliasLog(txn, d, policy.id, alias);
   if (last.ok()) {
-    n = last->first + 1;
+    n = last->seq + 1;
   } else if (!absl::IsNotFound(last.status())) {
     return last.status();
   }
@@ -484,8 +486,24 @@ Catalog::~Catalog() {
   if (env_ != nullptr) mdb_env_close(env_);
 }
 
+absl::Status Catalog::CheckStoreDirectory(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoToStatus(errno, absl::StrCat("store directory '", dir, "'"));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", dir, "' is not a store directory: it is ",
+                     S_ISREG(st.st_mode) ? "a regular file" : "not a directory",
+                     " (a store is a directory holding catalog/; `loradb init DIR` creates one)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<Catalog>> Catalog::Open(const std::string& dir,
                                                        const CatalogOptions& options) {
+  LORADB_RETURN_IF_ERROR(CheckStoreDirectory(dir));
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {
     if (!options.create_if_missing) {
@@ -624,7 +642,7 @@ absl::Status Catalog::Init() {
       st = Put(txn, dbi_->meta, StrVal("schema_version"), ver.val(), 0, "put meta");
       if (st.ok()) st = Put(txn, dbi_->meta, StrVal("store_id"), StrVal(store_id_), 0, "put meta");
       if (st.ok()) {
-        U64Key created(static_cast<uint64_t>(NowMicros()));
+        U64Key created(static_cast<uint64_t>(Now()));
         st = Put(txn, dbi_->meta, StrVal("created_us"), created.val(), 0, "put meta");
       }
     }
@@ -662,6 +680,8 @@ void Catalog::ReleaseReadTxn(MDB_txn* txn) const {
     mdb_txn_abort(txn);
   }
 }
+
+int64_t Catalog::Now() const { return options_.clock ? options_.clock() : NowMicros(); }
 
 absl::Status Catalog::GrowMap(uint64_t at_least) {
   WriterMutexLock lock(&resize_mu_);
@@ -767,9 +787,10 @@ absl::Status Catalog::PutBase(BaseRecord base) {
           absl::StrCat("base '", base.name, "': module '", m.name, "' is listed twice"));
     }
   }
-  if (base.created_us == 0) base.created_us = NowMicros();
-  const std::string bytes = codec::EncodeBase(base);
+  const bool stamp = base.created_us == 0;
   return Update([&](MDB_txn* txn) -> absl::Status {
+    if (stamp) base.created_us = Now();
+    const std::string bytes = codec::EncodeBase(base);
     absl::Status st =
         Put(txn, dbi_->bases, StrVal(base.name), StrVal(bytes), MDB_NOOVERWRITE, "put base");
     if (absl::IsAlreadyExists(st)) {
@@ -780,6 +801,7 @@ absl::Status Catalog::PutBase(BaseRecord base) {
 }
 
 absl::StatusOr<BaseRecord> Catalog::GetBase(const std::string& name) const {
+  LORADB_RETURN_IF_ERROR(ValidateBaseName(name));
   BaseRecord out;
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     MDB_val v;
@@ -814,9 +836,8 @@ absl::StatusOr<PolicyRecord> Catalog::CreatePolicy(
     const std::string& name, const std::string& base,
     const std::map<std::string, std::string>& labels) {
   PolicyRecord p;
-  const int64_t now = NowMicros();
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
-    LORADB_ASSIGN_OR_RETURN(p, TxnCreatePolicy(txn, *dbi_, name, base, labels, now));
+    LORADB_ASSIGN_OR_RETURN(p, TxnCreatePolicy(txn, *dbi_, name, base, labels, Now()));
     return absl::OkStatus();
   }));
   return p;
@@ -870,9 +891,8 @@ absl::Status Catalog::SetPolicyArchived(const std::string& name, bool archived) 
 absl::StatusOr<RevisionRecord> Catalog::Publish(const NewRevision& rev,
                                                 const std::string& blob_relpath) {
   RevisionRecord out;
-  const int64_t now = NowMicros();
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
-    LORADB_ASSIGN_OR_RETURN(out, TxnPublish(txn, *dbi_, rev, blob_relpath, now));
+    LORADB_ASSIGN_OR_RETURN(out, TxnPublish(txn, *dbi_, rev, blob_relpath, Now()));
     return absl::OkStatus();
   }));
   return out;
@@ -884,9 +904,9 @@ absl::StatusOr<std::vector<uint64_t>> Catalog::PublishBatch(
     return absl::InvalidArgumentError("PublishBatch: one blob path per revision (or none)");
   }
   std::vector<uint64_t> ids;
-  const int64_t now = NowMicros();
   static const std::string kNoPath;
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
+    const int64_t now = Now();
     ids.clear();
     ids.reserve(revs.size());
     for (size_t i = 0; i < revs.size(); ++i) {
@@ -932,6 +952,7 @@ absl::StatusOr<RevisionRecord> Catalog::GetRevisionBySeq(uint64_t policy_id, uin
 
 absl::StatusOr<RevisionRecord> Catalog::GetRevisionByAlias(uint64_t policy_id,
                                                            const std::string& alias) const {
+  LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
   RevisionRecord out;
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     if (alias == kVirtualLatest) {
@@ -1090,15 +1111,14 @@ absl::Status Catalog::SetEvalScore(uint64_t id, const std::string& name, float v
 
 absl::Status Catalog::SetAlias(uint64_t policy_id, const std::string& alias, uint64_t revision,
                                const std::string& reason) {
-  const int64_t now = NowMicros();
   return Update([&](MDB_txn* txn) -> absl::Status {
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnGetPolicyById(txn, *dbi_, policy_id));
-    return TxnSetAlias(txn, *dbi_, p, alias, revision, reason, now);
+    return TxnSetAlias(txn, *dbi_, p, alias, revision, reason, Now());
   });
 }
 
 absl::StatusOr<uint64_t> Catalog::Rollback(uint64_t policy_id, const std::string& alias) {
-  const int64_t now = NowMicros();
+  LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
   uint64_t target = 0;
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnGetPolicyById(txn, *dbi_, policy_id));
@@ -1108,7 +1128,7 @@ absl::StatusOr<uint64_t> Catalog::Rollback(uint64_t policy_id, const std::string
           absl::StrCat("alias '", alias, "' of policy '", p.name, "' was never set"));
     }
     LORADB_RETURN_IF_ERROR(last.status());
-    target = last->second.from_revision;
+    target = last->from_revision;
     if (target == 0) {
       return absl::FailedPreconditionError(absl::StrCat("alias '", alias, "' of policy '", p.name,
                                                         "' has no earlier value to roll back to"));
@@ -1118,7 +1138,7 @@ absl::StatusOr<uint64_t> Catalog::Rollback(uint64_t policy_id, const std::string
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot roll back alias '", alias, "': its earlier revision ", target, " is deleted"));
     }
-    return TxnSetAlias(txn, *dbi_, p, alias, target, "rollback", now);
+    return TxnSetAlias(txn, *dbi_, p, alias, target, "rollback", Now());
   }));
   return target;
 }
@@ -1143,6 +1163,7 @@ absl::StatusOr<std::vector<AliasEntry>> Catalog::ListAliases(uint64_t policy_id)
 
 absl::StatusOr<std::vector<AliasLogEntry>> Catalog::AliasLog(uint64_t policy_id,
                                                              const std::string& alias) const {
+  LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
   std::vector<AliasLogEntry> out;
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     Cursor c(txn, dbi_->alias_log);
@@ -1154,6 +1175,7 @@ absl::StatusOr<std::vector<AliasLogEntry>> Catalog::AliasLog(uint64_t policy_id,
       if (k.mv_size != prefix.size() + 8) continue;
       LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(ValBytes(v)));
       e.alias = alias;
+      e.seq = GetBE64(static_cast<const uint8_t*>(k.mv_data) + prefix.size());
       out.push_back(std::move(e));
     }
     return absl::OkStatus();
@@ -1165,7 +1187,6 @@ absl::StatusOr<std::vector<AliasLogEntry>> Catalog::AliasLog(uint64_t policy_id,
 
 absl::StatusOr<CheckpointRecord> Catalog::PutCheckpoint(const NewCheckpoint& nc) {
   CheckpointRecord out;
-  const int64_t now = NowMicros();
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
     LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnGetPolicyById(txn, *dbi_, nc.policy_id));
     if (nc.master.empty()) {
@@ -1193,7 +1214,7 @@ absl::StatusOr<CheckpointRecord> Catalog::PutCheckpoint(const NewCheckpoint& nc)
     out.scheduler_position = nc.scheduler_position;
     out.rng_state = nc.rng_state;
     out.rollout = nc.rollout;
-    out.created_us = now;
+    out.created_us = Now();
     U64Key k(out.id);
     const std::string bytes = codec::EncodeCheckpoint(out);
     LORADB_RETURN_IF_ERROR(

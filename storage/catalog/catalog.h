@@ -37,6 +37,11 @@ struct CatalogOptions {
   // MDB_NOLOCK: no lock file and no reader table. Only for an environment no process will ever
   // write again (an immutable replica generation); requires read_only.
   bool no_lock = false;
+  // The wall clock for the times records carry (created_us, alias log time_us), in unix
+  // microseconds; read inside the write transaction that stores them. Empty: the system clock.
+  // Nothing orders by these times (the alias log's order is its entry numbers), so a clock that
+  // steps backwards gives odd times, never an inconsistent store; tests inject one to show it.
+  std::function<int64_t()> clock;
 };
 
 // What a new revision is made of; the catalog assigns id, seq, base, created time and state.
@@ -127,6 +132,10 @@ class Catalog {
   [[nodiscard]] static absl::StatusOr<std::shared_ptr<Catalog>> Open(
       const std::string& dir, const CatalogOptions& options = {});
 
+  // OK when `dir` is a directory or does not exist; InvalidArgument ("not a store directory")
+  // when something else (a regular file, a device) is there. Open and Store::Open check it first.
+  [[nodiscard]] static absl::Status CheckStoreDirectory(const std::string& dir);
+
   ~Catalog();
   // The named-database handles (internal to catalog.cc).
   struct Dbis;
@@ -193,7 +202,9 @@ class Catalog {
 
   // ---- aliases
   // Moves (or creates) `alias` to `revision` (a live revision of the same policy) and appends a
-  // log entry. Moving it to where it already points is a no-op returning OK (nothing logged).
+  // log entry numbered one past the alias's last, with the time read inside the same write
+  // transaction: entry numbers are the commit order of the moves. Moving it to where it already
+  // points is a no-op returning OK (nothing logged).
   [[nodiscard]] absl::Status SetAlias(uint64_t policy_id, const std::string& alias,
                                       uint64_t revision, const std::string& reason = "set");
   // Moves `alias` back to the value it had before its last move (logged with reason
@@ -201,7 +212,7 @@ class Catalog {
   // Returns the revision the alias now points at.
   [[nodiscard]] absl::StatusOr<uint64_t> Rollback(uint64_t policy_id, const std::string& alias);
   [[nodiscard]] absl::StatusOr<std::vector<AliasEntry>> ListAliases(uint64_t policy_id) const;
-  // The alias's log, oldest first.
+  // The alias's log in commit order (entry numbers 1, 2, ...).
   [[nodiscard]] absl::StatusOr<std::vector<AliasLogEntry>> AliasLog(uint64_t policy_id,
                                                                     const std::string& alias) const;
 
@@ -252,6 +263,8 @@ class Catalog {
   // Runs `fn` in a short read transaction (a renewed one from the pool).
   [[nodiscard]] absl::Status View(const std::function<absl::Status(MDB_txn*)>& fn) const;
   [[nodiscard]] absl::Status GrowMap(uint64_t at_least) ABSL_LOCKS_EXCLUDED(resize_mu_);
+  // options_.clock, or the system clock (unix microseconds).
+  int64_t Now() const;
   MDB_txn* AcquireReadTxn() const;
   void ReleaseReadTxn(MDB_txn* txn) const;
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace loradb {
 
@@ -58,15 +60,29 @@ absl::Status ValidateName(absl::string_view what, absl::string_view name, size_t
   return absl::OkStatus();
 }
 
+// Names with '/' read as paths (in URLs, in directory listings): every '/'-separated segment
+// must be non-empty and start with a letter or digit, which rules out empty segments ("a//b",
+// "x/", "/x") and the "." / ".." segments a path would resolve.
+absl::Status ValidatePathName(absl::string_view what, absl::string_view name) {
+  if (absl::Status st = ValidateName(what, name, 128, "_.-/", true); !st.ok()) return st;
+  for (absl::string_view segment : absl::StrSplit(name, '/')) {
+    if (segment.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " name '", name, "' has an empty segment ('/' at the end or '//')"));
+    }
+    if (!absl::ascii_isalnum(segment[0])) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " name '", name, "': segment '", segment,
+                                                     "' must start with a letter or digit"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status ValidatePolicyName(absl::string_view name) {
-  return ValidateName("policy", name, 128, "_.-/", true);
-}
+absl::Status ValidatePolicyName(absl::string_view name) { return ValidatePathName("policy", name); }
 
-absl::Status ValidateBaseName(absl::string_view name) {
-  return ValidateName("base", name, 128, "_.-/", true);
-}
+absl::Status ValidateBaseName(absl::string_view name) { return ValidatePathName("base", name); }
 
 absl::Status ValidateAliasName(absl::string_view name) {
   return ValidateName("alias", name, 64, "_.-", false);
@@ -78,6 +94,14 @@ absl::Status ValidateSettableAlias(absl::string_view name) {
         "alias 'latest' is reserved: it always names the policy's newest live revision");
   }
   return ValidateAliasName(name);
+}
+
+bool ParseCanonicalId(absl::string_view text, uint64_t* id) {
+  if (text.empty() || text.size() > 20 || (text.size() > 1 && text[0] == '0')) return false;
+  for (char c : text) {
+    if (!absl::ascii_isdigit(c)) return false;
+  }
+  return absl::SimpleAtoi(text, id);  // false past UINT64_MAX
 }
 
 std::string BlobRelPath(const Hash128& hash) {

@@ -121,6 +121,9 @@ struct RevisionRecord {
 
 struct AliasLogEntry {
   std::string alias;
+  // The entry's number in the alias's log (its key in `alias_log`): 1, 2, ... in the order the
+  // moves committed. The order of the log; time_us is informational (wall clock, may step back).
+  uint64_t seq = 0;
   int64_t time_us = 0;
   uint64_t from_revision = 0;  // 0: the alias did not exist before
   uint64_t to_revision = 0;
@@ -158,7 +161,10 @@ struct BlobRecord {
   BlobKind kind = BlobKind::kAdapter;
 };
 
-// Policy names: 1-128 characters of letters, digits, `_ . - /`, starting with a letter or digit.
+// Policy names: 1-128 characters of letters, digits, `_ . - /`, where every '/'-separated
+// segment is non-empty and starts with a letter or digit (so no leading, trailing or doubled
+// '/', no "." or ".." segment). The one check every surface (Store, C API, HTTP, CLI) reaches
+// through the catalog, for creation and lookup alike. InvalidArgument naming the rule broken.
 [[nodiscard]] absl::Status ValidatePolicyName(absl::string_view name);
 // Alias names: 1-64 characters of letters, digits, `_ . -`, starting with a letter.
 [[nodiscard]] absl::Status ValidateAliasName(absl::string_view name);
@@ -166,6 +172,10 @@ struct BlobRecord {
 [[nodiscard]] absl::Status ValidateSettableAlias(absl::string_view name);
 // Base names follow the policy-name rules.
 [[nodiscard]] absl::Status ValidateBaseName(absl::string_view name);
+
+// Parses a revision id or seq written in canonical decimal: 1-20 digits, no sign, spaces or
+// leading zero ("0" itself is canonical), within u64. False for anything else (" 2", "01", "+2").
+[[nodiscard]] bool ParseCanonicalId(absl::string_view text, uint64_t* id);
 
 // The relative path of a blob with content address `hash`: "ab/cd/<32 hex>.blob".
 std::string BlobRelPath(const Hash128& hash);

@@ -22,6 +22,8 @@
 
 namespace loradb {
 
+class Store;
+
 // Reports progress of a long phase: `done` of `total` units (total 0: unknown).
 using MaintenanceProgress =
     std::function<void(absl::string_view phase, uint64_t done, uint64_t total)>;
@@ -33,7 +35,9 @@ struct RetentionOptions {
   uint64_t keep_last = 0;
   // Older live revisions survive when an alias points at them now, when an alias log entry
   // within this window (microseconds before now) points at them (as from or to), or when a
-  // checkpoint references their blob. Negative: the whole alias history protects.
+  // checkpoint references their blob. An alias's window starts at its first entry, in entry
+  // order, whose time is inside it, and holds every later entry. Negative: the whole alias
+  // history protects.
   int64_t alias_history_window_us = -1;
 };
 
@@ -152,12 +156,16 @@ struct StoreVerifyReport {
 
 // Verifies the store in `dir` through the Store (catalog cross-checks, every blob present with
 // the recorded size and xxh3-128) plus the maintenance checks: each alias equals the `to` of its
-// last log entry and every log entry's `from` is the previous entry's `to`; the v2
+// last log entry, its log entries are numbered 1, 2, ... (commit order; their wall-clock times
+// are not compared) and every entry's `from` is the previous entry's `to`; the v2
 // revisions_by_blob index matches the revision records exactly; revision references point at
 // existing revisions or at pruned ids. A non-OK status only when the store cannot be opened or
 // read at all.
 [[nodiscard]] absl::StatusOr<StoreVerifyReport> VerifyStore(const std::string& dir,
                                                             const StoreVerifyOptions& options);
+// The same checks over a Store this process already has open (the C API's loradb_verify). Reads
+// only: concurrent writers may commit meanwhile (each check reads one consistent snapshot).
+[[nodiscard]] absl::StatusOr<StoreVerifyReport> VerifyOpenStore(const Store& store);
 
 }  // namespace loradb
 

@@ -357,13 +357,25 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
       }
     }
     {
+      // The window starts at an alias's first entry (in entry-number order, which is commit
+      // order) whose time falls inside it; every later entry of that alias is inside too, so a
+      // clock that stepped backwards cannot punch holes into the protected history.
       const int64_t window = spec.retention.alias_history_window_us;
       Cursor c(rtxn.get(), sdbi[kAliasLog]);
       LORADB_RETURN_IF_ERROR(c.status());
       MDB_val k, v;
+      std::string alias_prefix;  // the key without its entry number: one alias's log
+      bool inside = false;
       for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+        if (k.mv_size < 8) return absl::DataLossError("catalog: alias log key is too short");
+        const absl::string_view prefix(static_cast<const char*>(k.mv_data), k.mv_size - 8);
+        if (prefix != alias_prefix) {
+          alias_prefix = std::string(prefix);
+          inside = false;
+        }
         LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(Bytes(v)));
-        if (window < 0 || e.time_us >= spec.now_us - window) {
+        inside = inside || window < 0 || e.time_us >= spec.now_us - window;
+        if (inside) {
           protected_ids.insert(e.from_revision);
           protected_ids.insert(e.to_revision);
         }

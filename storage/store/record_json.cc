@@ -108,6 +108,7 @@ json AliasJson(const std::string& policy_name, const std::string& alias, uint64_
 
 json AliasLogJson(const AliasLogEntry& e) {
   return {{"alias", e.alias},
+          {"seq", e.seq},
           {"time_us", e.time_us},
           {"from_revision", e.from_revision},
           {"to_revision", e.to_revision},
@@ -185,6 +186,7 @@ json RecordSchemas() {
                        {"evals", MapOf(Num())}});
   json alias = Obj({{"policy", Str()}, {"alias", Str()}, {"revision", UInt()}});
   json log = Obj({{"alias", Str()},
+                  {"seq", UInt()},
                   {"time_us", Int()},
                   {"from_revision", UInt()},
                   {"to_revision", UInt()},

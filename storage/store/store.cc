@@ -8,7 +8,6 @@
 #include <set>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "storage/formats/model_config.h"
 #include "storage/formats/peft.h"
@@ -186,6 +185,7 @@ Store::~Store() = default;
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir,
                                                    const StoreOptions& options) {
+  LORADB_RETURN_IF_ERROR(Catalog::CheckStoreDirectory(dir));
   if (!IsDir(dir) && !options.create_if_missing) {
     return absl::NotFoundError(absl::StrCat("no store at '", dir, "' (run `loradb init`)"));
   }
@@ -519,18 +519,31 @@ absl::StatusOr<RevisionRecord> Store::GetRevisionByAlias(const std::string& poli
 }
 
 absl::StatusOr<RevisionRecord> Store::Resolve(const std::string& ref) const {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("bad revision reference '", ref, "': ", why));
+  };
   uint64_t id = 0;
-  if (absl::SimpleAtoi(ref, &id)) return GetRevision(id);
+  if (ParseCanonicalId(ref, &id)) return GetRevision(id);
   const size_t colon = ref.rfind(':');
   if (colon != std::string::npos) {
-    return GetRevisionByAlias(ref.substr(0, colon), ref.substr(colon + 1));
+    const std::string policy = ref.substr(0, colon), alias = ref.substr(colon + 1);
+    if (absl::Status st = ValidatePolicyName(policy); !st.ok()) return bad(st.message());
+    if (absl::Status st = ValidateAliasName(alias); !st.ok()) return bad(st.message());
+    return GetRevisionByAlias(policy, alias);
   }
   const size_t at = ref.rfind('@');
-  if (at != std::string::npos && absl::SimpleAtoi(ref.substr(at + 1), &id)) {
-    return GetRevision(ref.substr(0, at), id);
+  if (at != std::string::npos) {
+    const std::string policy = ref.substr(0, at);
+    if (absl::Status st = ValidatePolicyName(policy); !st.ok()) return bad(st.message());
+    if (!ParseCanonicalId(ref.substr(at + 1), &id)) {
+      return bad(
+          "the seq after '@' must be a decimal number without sign, spaces or leading zeros");
+    }
+    return GetRevision(policy, id);
   }
-  return absl::InvalidArgumentError(absl::StrCat("bad revision reference '", ref,
-                                                 "': expected an id, POLICY:ALIAS or POLICY@SEQ"));
+  return bad(
+      "expected a revision id (decimal digits without sign, spaces or leading zeros), "
+      "POLICY:ALIAS or POLICY@SEQ");
 }
 
 absl::StatusOr<Page<RevisionRecord>> Store::ListRevisions(const std::string& policy,

@@ -61,6 +61,7 @@ absl::Status ErrnoToStatus(int err, absl::string_view what) {
       return absl::NotFoundError(msg);
     case ENOSPC:
     case EDQUOT:
+    case ENOMEM:
       return absl::ResourceExhaustedError(msg);
     case EACCES:
     case EPERM:
@@ -70,8 +71,11 @@ absl::Status ErrnoToStatus(int err, absl::string_view what) {
       return absl::AlreadyExistsError(msg);
     case EINVAL:
       return absl::InvalidArgumentError(msg);
-    default:
+    case EBADF:
+    case EFAULT:
       return absl::InternalError(msg);
+    default:
+      return absl::UnknownError(msg);
   }
 }
 

@@ -15,8 +15,10 @@
 namespace loradb {
 
 // Maps errno `err` to an absl::Status whose message is "`what`: strerror(err)".
-// ENOENT -> NotFound, ENOSPC/EDQUOT -> ResourceExhausted, EACCES/EPERM -> PermissionDenied,
-// EEXIST -> AlreadyExists, everything else -> Internal (with the errno name).
+// ENOENT/ENOTDIR -> NotFound, ENOSPC/EDQUOT/ENOMEM -> ResourceExhausted, EACCES/EPERM/EROFS ->
+// PermissionDenied, EEXIST -> AlreadyExists, EINVAL -> InvalidArgument, EBADF/EFAULT (a bad
+// descriptor or address: a bug of ours) -> Internal, everything else (EIO, ENXIO, ESTALE, ...: the
+// system could not do the I/O) -> Unknown, which the C API reports as LORADB_IO_ERROR.
 absl::Status ErrnoToStatus(int err, absl::string_view what);
 
 // Reads the whole file at `path`.

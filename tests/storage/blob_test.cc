@@ -549,8 +549,9 @@ TEST(BlobRegressionTest, FuzzScalarTensorEmptyShape) {
 // load. The input is the fuzzer's, re-sealed as the fuzz target does. Run under
 // `tools/dev test --asan` (UBSan) to see the original failure.
 TEST(BlobRegressionTest, FuzzMisalignedShapeVector) {
-  auto bytes = ReadFileToString(std::string(LORADB_SOURCE_DIR) +
-                                "/tests/fuzz/regressions/blob_header_misaligned_shape_vector.bin");
+  auto bytes = ReadFileToString(
+      std::string(LORADB_SOURCE_DIR) +
+      "/tests/fuzz/regressions/blob_header/blob_header_misaligned_shape_vector.bin");
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   std::string blob = *bytes;
   Reseal(&blob);

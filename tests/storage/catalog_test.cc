@@ -6,7 +6,9 @@
 #include <atomic>
 #include <map>
 #include <thread>
+#include <vector>
 
+#include "storage/util/file_util.h"
 #include "tests/test_util.h"
 
 namespace loradb {
@@ -115,6 +117,66 @@ TEST(CatalogNames, PolicyNameRules) {
   EXPECT_FALSE(ValidateAliasName("a/b").ok());
 }
 
+// Names read as paths: every '/'-separated segment is non-empty and starts with a letter or
+// digit. Base names follow the same check.
+TEST(CatalogNames, PolicyNameSegments) {
+  for (const char* good : {"a/b", "a/b/c", "acme/v1.2", "a/9", "a/b-c_d.e"}) {
+    EXPECT_TRUE(ValidatePolicyName(good).ok()) << good;
+    EXPECT_TRUE(ValidateBaseName(good).ok()) << good;
+  }
+  for (const char* bad : {"a/../b", "a//b", "x/", "/x", "a/./b", "a/..", "a/.", ".", "..",
+                          "a/.hidden", "a/-x", "a/_x"}) {
+    absl::Status st = ValidatePolicyName(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << bad;
+    EXPECT_NE(st.message().find(bad), absl::string_view::npos) << st;
+    EXPECT_TRUE(absl::IsInvalidArgument(ValidateBaseName(bad))) << bad;
+  }
+  EXPECT_NE(ValidatePolicyName("a//b").message().find("empty segment"), absl::string_view::npos);
+  EXPECT_NE(ValidatePolicyName("a/../b").message().find("segment '..'"), absl::string_view::npos);
+}
+
+TEST(CatalogNames, CanonicalIds) {
+  uint64_t id = 0;
+  EXPECT_TRUE(ParseCanonicalId("2", &id));
+  EXPECT_EQ(id, 2u);
+  EXPECT_TRUE(ParseCanonicalId("0", &id));
+  EXPECT_TRUE(ParseCanonicalId("18446744073709551615", &id));
+  EXPECT_EQ(id, UINT64_MAX);
+  for (const char* bad : {"", " 2", "2 ", "01", "00", "+2", "-2", "0x2", "2a", "1e3",
+                          "18446744073709551616", "99999999999999999999"}) {
+    EXPECT_FALSE(ParseCanonicalId(bad, &id)) << bad;
+  }
+}
+
+// Names no record can have are refused before they reach LMDB (an empty key is an LMDB error,
+// which once surfaced as an internal error), as InvalidArgument naming the rule.
+TEST_F(CatalogTest, LookupsRefuseInvalidNames) {
+  for (const std::string& bad : std::vector<std::string>{"", "a//b", "x/", std::string(600, 'a')}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(cat_->GetPolicy(bad).status())) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(cat_->GetBase(bad).status())) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(cat_->CreatePolicy(bad, "tiny").status())) << bad;
+  }
+  auto r = cat_->Publish(Rev(policy_.id), "");
+  ASSERT_TRUE(r.ok());
+  for (const std::string& bad : std::vector<std::string>{"", "1x", std::string(300, 'a')}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(cat_->GetRevisionByAlias(policy_.id, bad).status()));
+    EXPECT_TRUE(absl::IsInvalidArgument(cat_->AliasLog(policy_.id, bad).status())) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(cat_->Rollback(policy_.id, bad).status())) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(cat_->SetAlias(policy_.id, bad, r->id))) << bad;
+  }
+  EXPECT_TRUE(cat_->GetPolicy("acme/support").ok());
+}
+
+TEST(CatalogOpen, RegularFileIsNotAStoreDirectory) {
+  TempDir dir;
+  ASSERT_TRUE(WriteFileAtomic(dir.file("file"), "not a store").ok());
+  auto c = Catalog::Open(dir.file("file"));
+  EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << c.status();
+  EXPECT_NE(c.status().message().find("is not a store directory: it is a regular file"),
+            std::string::npos)
+      << c.status();
+}
+
 TEST_F(CatalogTest, BasesAndPolicies) {
   EXPECT_TRUE(absl::IsAlreadyExists(cat_->PutBase(TinyBase())));
   BaseRecord empty = TinyBase("empty");
@@ -205,6 +267,7 @@ TEST_F(CatalogTest, AliasesLogAndRollback) {
   auto log = cat_->AliasLog(policy_.id, "serving");
   ASSERT_TRUE(log.ok());
   ASSERT_EQ(log->size(), 3u);
+  for (size_t i = 0; i < log->size(); ++i) EXPECT_EQ((*log)[i].seq, i + 1);
   EXPECT_EQ((*log)[0].from_revision, 0u);
   EXPECT_EQ((*log)[0].to_revision, r1->id);
   EXPECT_EQ((*log)[0].reason, "publish");

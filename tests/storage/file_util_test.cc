@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <filesystem>
 
 #include "storage/util/hash.h"
@@ -40,6 +41,19 @@ TEST(FileUtilTest, WriteIntoMissingDirectoryFailsCleanly) {
   testing::TempDir dir;
   absl::Status st = WriteFileAtomic(dir.file("no/such/dir/x"), "data");
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+}
+
+// I/O errors are not loradb bugs: EIO maps to Unknown (the C API's LORADB_IO_ERROR), never to
+// Internal; a bad descriptor or address (our bug) does.
+TEST(FileUtilTest, ErrnoCodes) {
+  EXPECT_TRUE(absl::IsUnknown(ErrnoToStatus(EIO, "read x")));
+  EXPECT_TRUE(absl::IsUnknown(ErrnoToStatus(ENXIO, "read x")));
+  EXPECT_TRUE(absl::IsNotFound(ErrnoToStatus(ENOENT, "open x")));
+  EXPECT_TRUE(absl::IsResourceExhausted(ErrnoToStatus(ENOSPC, "write x")));
+  EXPECT_TRUE(absl::IsResourceExhausted(ErrnoToStatus(ENOMEM, "mmap x")));
+  EXPECT_TRUE(absl::IsPermissionDenied(ErrnoToStatus(EACCES, "open x")));
+  EXPECT_TRUE(absl::IsInternal(ErrnoToStatus(EBADF, "read x")));
+  EXPECT_EQ(ErrnoToStatus(EIO, "read x").message(), "read x: Input/output error");
 }
 
 TEST(FileUtilTest, MapFile) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "storage/catalog/codec.h"
 #include "storage/maintenance/maintenance.h"
 #include "storage/util/store_lock.h"
 #include "tests/storage/maint_test_util.h"
@@ -250,6 +251,21 @@ TEST_F(VerifyCorruption, AliasLogOutOfStepWithTheAlias) {
   RawPut(dir_, "aliases", BE64(1) + "serving", BE64(6));
   const std::string problems = VerifyProblems(dir_);
   EXPECT_NE(problems.find("last log entry"), std::string::npos) << problems;
+}
+
+TEST_F(VerifyCorruption, AliasLogNumberGap) {
+  // serving's log holds entries 1..3; an entry numbered 7 (from 5 to 5: the chain and the alias
+  // still agree) leaves a gap in the commit order.
+  AliasLogEntry e;
+  e.time_us = 1;
+  e.from_revision = 5;
+  e.to_revision = 5;
+  e.reason = "set";
+  RawPut(dir_, "alias_log", BE64(1) + std::string(1, '\x07') + "serving" + BE64(7),
+         catalog_codec::EncodeAliasLogEntry(e));
+  const std::string problems = VerifyProblems(dir_);
+  EXPECT_NE(problems.find("'a/p:serving' log entry 4 is numbered 7"), std::string::npos)
+      << problems;
 }
 
 TEST_F(VerifyCorruption, CompactionCannotHideCorruption) {

@@ -76,6 +76,17 @@ TEST_F(StoreTest, PublishReadBackAndVerify) {
   EXPECT_EQ(store_->Resolve("acme/support@1")->id, r->id);
   EXPECT_EQ(store_->Resolve(absl::StrCat(r->id))->id, r->id);
   EXPECT_TRUE(absl::IsInvalidArgument(store_->Resolve("nonsense").status()));
+  // Revision ids and seqs are canonical decimal; the policy and alias parts follow the name
+  // rules (an empty policy name once reached LMDB as a key).
+  for (const std::string bad : {" 1", "1 ", "01", "+1", "0x1", ":serving", "a//b:serving",
+                                "acme/support:", "acme/support:1x", "acme/support@01",
+                                "acme/support@ 1", "acme/support@", "@1", "x/@1"}) {
+    auto st = store_->Resolve(bad).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << "'" << bad << "': " << st;
+    EXPECT_NE(st.message().find("bad revision reference '" + bad + "'"), std::string::npos) << st;
+  }
+  EXPECT_NE(store_->Resolve(":serving").status().message().find("policy name ''"),
+            std::string::npos);
   EXPECT_TRUE(absl::IsNotFound(store_->Resolve("acme/support:canary").status()));
 
   // Identical content shares the blob.
@@ -398,6 +409,19 @@ TEST(StoreBases, FromQwen3ConfigAndWeights) {
       (*s)->AddBaseFromModuleTable("y", R"({"modules":[{"name":"a","in":"x","out":1}]})")
           .status()));
   EXPECT_EQ((*s)->ListBases()->size(), 2u);
+}
+
+TEST(StoreOpen, RegularFileIsNotAStoreDirectory) {
+  TempDir dir;
+  ASSERT_TRUE(WriteFileAtomic(dir.file("file"), "x").ok());
+  for (bool create : {true, false}) {
+    StoreOptions o;
+    o.create_if_missing = create;
+    auto s = Store::Open(dir.file("file"), o);
+    EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+    EXPECT_NE(s.status().message().find("not a store directory"), std::string::npos) << s.status();
+  }
+  EXPECT_EQ(*ReadFileToString(dir.file("file")), "x");  // untouched
 }
 
 TEST(StoreOpen, SeparateBlobRootAndMissingStore) {

@@ -471,7 +471,149 @@ static void test_threads_share_one_store(void) {
   CHECK_CODE(loradb_close(&store), LORADB_OK);
 }
 
-int main(void) {
+/* 8 threads x 40 moves of one alias: every move commits, and verify (the same checks as
+ * `loradb verify`, alias log included) passes: the log's order is the commit order, whatever the
+ * wall clock says. */
+typedef struct {
+  loradb_store_t* store;
+  const uint64_t* ids;
+  int index;
+  int failures;
+} mover_t;
+
+static void* mover_main(void* arg) {
+  mover_t* m = (mover_t*)arg;
+  int i;
+  for (i = 0; i < 40; ++i) {
+    if (loradb_alias_set(m->store, S("team/a"), S("serving"), m->ids[(m->index + i) % 4], S("race"),
+                         NULL) != LORADB_OK) {
+      ++m->failures;
+    }
+  }
+  return NULL;
+}
+
+static void test_concurrent_alias_moves_then_verify(void) {
+  loradb_store_t* store = open_fixture();
+  uint64_t ids[4];
+  pthread_t threads[8];
+  mover_t movers[8];
+  char* json = NULL;
+  char* report = NULL;
+  int i, ok = 0;
+  ids[0] = publish(store, 1.0f, "serving");
+  ids[1] = publish(store, 2.0f, NULL);
+  ids[2] = publish(store, 3.0f, NULL);
+  ids[3] = publish(store, 4.0f, NULL);
+  for (i = 0; i < 8; ++i) {
+    movers[i].store = store;
+    movers[i].ids = ids;
+    movers[i].index = i;
+    movers[i].failures = 0;
+    CHECK(pthread_create(&threads[i], NULL, mover_main, &movers[i]) == 0);
+  }
+  for (i = 0; i < 8; ++i) {
+    CHECK(pthread_join(threads[i], NULL) == 0);
+    CHECK(movers[i].failures == 0);
+  }
+  CHECK_CODE(loradb_verify(store, &ok, &report, NULL, NULL), LORADB_OK);
+  CHECK(ok == 1);
+  if (ok != 1 && report != NULL) fprintf(stderr, "  verify: %s\n", report);
+  loradb_free(report);
+  /* Entries carry their number in the log (commit order), 1 first. */
+  CHECK_CODE(loradb_alias_history(store, S("team/a"), S("serving"), &json, NULL, NULL), LORADB_OK);
+  CHECK(json != NULL && strstr(json, "\"seq\":1,") != NULL && strstr(json, "\"seq\":2,") != NULL);
+  loradb_free(json);
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
+/* Malformed references and names are LORADB_INVALID_ARGUMENT with a message naming the problem,
+ * never LORADB_INTERNAL. */
+static void test_bad_references_and_policy_names(void) {
+  loradb_store_t* store = open_fixture();
+  loradb_revision_info_t info = info_init();
+  char* err = NULL;
+  uint64_t id = publish(store, 1.0f, "serving");
+  const char* bad_refs[] = {":serving", " 1",        "1 ",      "01",
+                            "+1",       "team/a@01", "team/a:", "x//y:serving"};
+  const char* bad_names[] = {"a/../b", "a//b", "x/", "/x", "a/./b", ".", "..", "a/.."};
+  size_t i;
+  CHECK(id == 1);
+  CHECK_CODE(loradb_revision_resolve(store, S("1"), &info, NULL), LORADB_OK);
+  CHECK(info.id == id);
+  CHECK_CODE(loradb_revision_resolve(store, S("team/a:serving"), &info, NULL), LORADB_OK);
+  CHECK_CODE(loradb_revision_resolve(store, S("team/a@1"), &info, NULL), LORADB_OK);
+  CHECK_CODE(loradb_revision_resolve(store, S(":serving"), &info, &err), LORADB_INVALID_ARGUMENT);
+  CHECK(err != NULL && strstr(err, "policy name ''") != NULL);
+  loradb_free(err);
+  for (i = 0; i < sizeof(bad_refs) / sizeof(bad_refs[0]); ++i) {
+    err = NULL;
+    CHECK_CODE(loradb_revision_resolve(store, bad_refs[i], strlen(bad_refs[i]), &info, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, "bad revision reference") != NULL);
+    loradb_free(err);
+  }
+  for (i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); ++i) {
+    err = NULL;
+    CHECK_CODE(loradb_policy_create(store, bad_names[i], strlen(bad_names[i]), S("tiny"), NULL, 0,
+                                    NULL, &err),
+               LORADB_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(err, bad_names[i]) != NULL);
+    loradb_free(err);
+    CHECK_CODE(loradb_alias_set(store, bad_names[i], strlen(bad_names[i]), S("serving"), id, NULL,
+                                0, NULL),
+               LORADB_INVALID_ARGUMENT);
+  }
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
+/* A regular file where the store directory should be: a clear error, and the file untouched. */
+static void test_open_regular_file(void) {
+  char path[512];
+  loradb_store_t* store = NULL;
+  char* err = NULL;
+  FILE* f = fopen(path_in_tmp("plain-file", path, sizeof(path)), "w");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  fputs("not a store", f);
+  fclose(f);
+  CHECK_CODE(loradb_open(path, strlen(path), NULL, &store, &err), LORADB_INVALID_ARGUMENT);
+  CHECK(err != NULL && strstr(err, "is not a store directory") != NULL);
+  loradb_free(err);
+  CHECK(store == NULL);
+}
+
+/* Run with LORADB_FAULT=catalog.before_commit:eio (ctest api.c_api_eio): the first catalog write
+ * fails with a simulated EIO, which reaches C as LORADB_IO_ERROR; nothing of it is committed and
+ * the next write succeeds. */
+static void test_injected_eio_is_io_error(void) {
+  char path[512];
+  loradb_store_t* store = NULL;
+  char* err = NULL;
+  int ok = 0;
+  path_in_tmp("eio-store", path, sizeof(path));
+  CHECK_CODE(loradb_open(path, strlen(path), NULL, &store, NULL), LORADB_OK);
+  CHECK_CODE(loradb_base_add_modules(store, S("tiny"), S(kModules), &err), LORADB_IO_ERROR);
+  CHECK(err != NULL && strstr(err, "injected fault at catalog.before_commit") != NULL &&
+        strstr(err, "Input/output error") != NULL);
+  loradb_free(err);
+  CHECK_CODE(loradb_base_list(store, &err, NULL, NULL), LORADB_OK);
+  CHECK(err != NULL && strstr(err, "tiny") == NULL); /* not committed */
+  loradb_free(err);
+  CHECK_CODE(loradb_base_add_modules(store, S("tiny"), S(kModules), NULL), LORADB_OK);
+  CHECK_CODE(loradb_verify(store, &ok, NULL, NULL, NULL), LORADB_OK);
+  CHECK(ok == 1);
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
+int main(int argc, char** argv) {
+  if (argc == 2 && strcmp(argv[1], "eio") == 0) {
+    make_tmp();
+    run_test("injected_eio_is_io_error", test_injected_eio_is_io_error);
+    remove_tmp();
+    printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+  }
   make_tmp();
   run_test("version_and_status_names", test_version_and_status_names);
   run_test("open_misuse_and_options", test_open_misuse_and_options);
@@ -494,6 +636,13 @@ int main(void) {
   remove_tmp();
   make_tmp();
   run_test("threads_share_one_store", test_threads_share_one_store);
+  remove_tmp();
+  make_tmp();
+  run_test("concurrent_alias_moves_then_verify", test_concurrent_alias_moves_then_verify);
+  remove_tmp();
+  make_tmp();
+  run_test("bad_references_and_policy_names", test_bad_references_and_policy_names);
+  run_test("open_regular_file", test_open_regular_file);
   remove_tmp();
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
