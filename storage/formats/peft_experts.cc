@@ -240,7 +240,10 @@ absl::StatusOr<TensorSet> FuseTargetParameters(const LoraConfig& config, const T
     out.push_back(t);
   }
   const int64_t num = layout.num_experts;
-  for (const auto& [experts, parts] : found) {
+  for (const auto& entry : found) {
+    // Named references, not structured bindings: the lambda below captures them.
+    const std::string& experts = entry.first;
+    const auto& parts = entry.second;
     for (size_t k = 0; k < targeted.size(); ++k) {
       const ExpertParameter& param = layout.params[targeted[k]];
       const int depth = static_cast<int>(targeted.size() - 1 - k);
