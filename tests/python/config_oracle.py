@@ -182,8 +182,9 @@ def check_base(cli, tmp, name, cls, kwargs, drop, seed, failures):
         failures.append(f"{name}: base records differ between layouts: {arch5} vs {arch4}")
     hf = transformers.AutoConfig.from_pretrained(model_dir)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    if arch5["head_dim"] != head_dim:
-        failures.append(f"{name}: base head_dim {arch5['head_dim']}, transformers {head_dim}")
+    ours_head_dim = arch5["architecture"]["head_dim"]
+    if ours_head_dim != head_dim:
+        failures.append(f"{name}: base head_dim {ours_head_dim}, transformers {head_dim}")
     results = generate(cli, store, model_dir)
     results4 = generate(cli, store, v4_dir)
     if results4 != results:
