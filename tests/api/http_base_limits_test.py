@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover
 ARGS = None
 AUTH = {"Authorization": "Bearer " + http_harness.TOKEN}
 
-# The body of the original report, byte for byte (258 bytes).
+# A body of a few hundred bytes whose sizes would make the module table enormous.
 HUGE_CONFIG = (b'{"name":"x","config":{"model_type":"qwen3","hidden_size":1099511627776,'
                b'"num_hidden_layers":2147483647,"num_attention_heads":1,"num_key_value_heads":1,'
                b'"head_dim":1099511627776,"intermediate_size":1099511627776,'
@@ -68,7 +68,6 @@ class BaseLimitsTest(unittest.TestCase):
         return err
 
     def test_huge_config_is_refused(self):
-        self.assertEqual(len(HUGE_CONFIG), 258)
         err = self.assert_refused(HUGE_CONFIG, "outside loradb's bounds")
         self.assertEqual(err["code"], "invalid_argument")
 
