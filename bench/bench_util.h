@@ -16,6 +16,11 @@
 
 namespace loradb::bench {
 
+// The source tree this binary was built from (scenarios read shipped files such as
+// compute/configs/*.json). Defined in main.cc, the one bench object compiled with the path, so
+// that every other bench file compiles the same in every checkout and ccache shares it.
+const char* SourceDir();
+
 // A scenario gets the arguments after its name (`loradb-bench SCENARIO [CASE] [--flags]`).
 using ScenarioFn = std::function<absl::Status(const std::vector<std::string>& args)>;
 
@@ -49,6 +54,8 @@ inline double NowSeconds() {
 double Quantile(std::vector<double> samples, double q);
 
 }  // namespace loradb::bench
+
+#define LORADB_SOURCE_DIR (::loradb::bench::SourceDir())
 
 #define LORADB_BENCH_CONCAT_INNER_(a, b) a##b
 #define LORADB_BENCH_CONCAT_(a, b) LORADB_BENCH_CONCAT_INNER_(a, b)

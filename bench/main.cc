@@ -61,6 +61,8 @@ double Quantile(std::vector<double> samples, double q) {
   return samples[k];
 }
 
+const char* SourceDir() { return LORADB_SOURCE_DIR_VALUE; }
+
 }  // namespace loradb::bench
 
 namespace {
@@ -79,7 +81,7 @@ const std::map<std::string, std::vector<std::string>>& QuickArgs() {
       {"compact", {"--revisions", "10000"}},
       {"decode",
        {"all", "--batches=8", "--distinct=1,8", "--steps=2", "--rounds=1",
-        "--config=" LORADB_SOURCE_DIR "/compute/configs/tiny-dense.json"}},
+        absl::StrCat("--config=", LORADB_SOURCE_DIR, "/compute/configs/tiny-dense.json")}},
       {"formats", {"--layers", "8", "--reps", "1"}},
       {"http", {"--connections", "8", "--reads", "50", "--writes", "5"}},
       {"kernels", {"cpu", "--batches=1,16", "--min-seconds=0.05"}},

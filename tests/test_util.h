@@ -2,6 +2,7 @@
 #ifndef LORADB_TESTS_TEST_UTIL_H_
 #define LORADB_TESTS_TEST_UTIL_H_
 
+#include "tests/test_paths.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 

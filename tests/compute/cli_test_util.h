@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "tests/test_paths.h"
 #include "absl/strings/str_cat.h"
 #include "compute/distributed/process_group.h"
 #include "tests/test_util.h"

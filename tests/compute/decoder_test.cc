@@ -3,6 +3,7 @@
 // small, sampling determinism, stop tokens, cancellation and input validation; log-probs
 // against the recorded logits, the token hook, the gauges after a cancel, and request groups
 // (one prefill for n samples).
+#include "tests/test_paths.h"
 #include "compute/decoder/decoder.h"
 
 #include <ATen/ATen.h>

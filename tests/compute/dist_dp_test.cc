@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_paths.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"

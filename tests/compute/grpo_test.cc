@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_paths.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"

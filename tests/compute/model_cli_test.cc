@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/test_paths.h"
 #include "absl/strings/str_cat.h"
 #include "compute/model/checkpoint.h"
 #include "tests/compute/cli_test_util.h"

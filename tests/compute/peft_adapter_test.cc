@@ -1,5 +1,6 @@
 // PEFT adapter directories -> LoraAdapter: scales from the config, errors for modules the base
 // does not have and for embedding LoRA.
+#include "tests/test_paths.h"
 #include "compute/model/peft_adapter.h"
 
 #include <ATen/ATen.h>

@@ -1,5 +1,6 @@
 // Qwen3Model: loading, KV cache consistency, batching, LoRA hooks (against merged weights),
 // the kernel-backed applier, autograd through LoRA factors, and error handling.
+#include "tests/test_paths.h"
 #include "compute/model/qwen3_model.h"
 
 #include <ATen/ATen.h>

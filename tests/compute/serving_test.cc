@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_paths.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"

@@ -2,6 +2,7 @@
 // with mixed adapters (several revisions + base rows) in every batch, dense and MoE. Here the
 // ranks are threads summing through an in-process reducer (the math, without c10d); the same
 // decode over Gloo with ranks as separate processes is TpGloo in tp_gloo_test.cc.
+#include "tests/test_paths.h"
 #include "compute/distributed/tp_decode.h"
 
 #include <ATen/ATen.h>

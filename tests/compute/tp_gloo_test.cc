@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_paths.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compute/distributed/process_group.h"

@@ -2,6 +2,7 @@
 // rank/degree and head-divisibility validation, the reverse gather of adapter shards, and the
 // two storage paths (slice at load from a whole blob, whole-verified or partial; the cached
 // pre-sliced derived blob).
+#include "tests/test_paths.h"
 #include "compute/distributed/tp_shard.h"
 
 #include <ATen/ATen.h>

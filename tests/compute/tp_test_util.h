@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_paths.h"
 #include "absl/strings/str_cat.h"
 #include "compute/distributed/process_group.h"
 #include "compute/distributed/tp_decode.h"

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "tests/test_paths.h"
 #include "compute/model/checkpoint.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/formats/model_config.h"

@@ -2,6 +2,7 @@
 // random Qwen3 base: a supervised loop, save/load bit-exactness (also across a restart of the
 // service on the same store), an importance_sampling loop on a verifiable reward, two runs
 // trained at once, and refused inputs.
+#include "tests/test_paths.h"
 #include "compute/training/training_service.h"
 
 #include <ATen/ATen.h>

@@ -1,3 +1,4 @@
+#include "tests/test_paths.h"
 #include "storage/formats/blob.h"
 
 #include <gmock/gmock.h>

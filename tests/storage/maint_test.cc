@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/test_paths.h"
 #include "storage/catalog/codec.h"
 #include "storage/maintenance/maintenance.h"
 #include "storage/util/store_lock.h"

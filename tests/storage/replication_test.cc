@@ -5,6 +5,7 @@
 // what the writer acknowledged for that generation. No assertion depends on speed: the bound is
 // in generations (an engine serves generation g only with every write acknowledged at g), and
 // the lag in time is measured by bench/replicate_bench.cc.
+#include "tests/test_paths.h"
 #include "storage/replication/replication.h"
 
 #include <fcntl.h>

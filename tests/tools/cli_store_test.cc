@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_paths.h"
 #include "absl/strings/str_cat.h"
 #include "storage/formats/model_config.h"
 #include "storage/formats/peft.h"

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tests/test_paths.h"
 #include "storage/formats/blob.h"
 #include "storage/formats/peft.h"
 #include "storage/formats/safetensors.h"

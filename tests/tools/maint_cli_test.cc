@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/test_paths.h"
 #include "storage/util/store_lock.h"
 #include "tests/storage/maint_test_util.h"
 #include "tests/test_util.h"
