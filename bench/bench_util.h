@@ -14,6 +14,10 @@
 
 #include "absl/status/status.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace loradb::bench {
 
 // The source tree this binary was built from (scenarios read shipped files such as
@@ -33,6 +37,12 @@ struct ScenarioDef {
 };
 
 std::vector<ScenarioDef>& ScenarioRegistry();
+
+// Parses a scenario's arguments (after its name) with `app`, whose options the scenario declared:
+// `--flag value` or `--flag=value`, lists comma-separated (`->delimiter(',')`), as the `loradb`
+// command takes them. InvalidArgument naming the bad argument; with `--help`, prints the
+// scenario's flags and returns Cancelled.
+[[nodiscard]] absl::Status ParseFlags(CLI::App* app, const std::vector<std::string>& args);
 bool RegisterScenario(ScenarioDef def);
 
 // Prints one measurement line. `fields` must carry "bench" and "case".

@@ -6,13 +6,12 @@
 #include <lmdb.h>
 #include <sys/stat.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "storage/catalog/catalog.h"
 #include "storage/maintenance/maintenance.h"
@@ -32,29 +31,14 @@ struct CompactBenchArgs {
 
 absl::StatusOr<CompactBenchArgs> ParseArgs(const std::vector<std::string>& args) {
   CompactBenchArgs a;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& f = args[i];
-    if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat("missing value: ", f));
-    const std::string& v = args[++i];
-    if (f == "--revisions") {
-      a.sizes.clear();
-      for (absl::string_view s : absl::StrSplit(v, ',')) {
-        uint64_t n = 0;
-        if (!absl::SimpleAtoi(s, &n) || n < 2) {
-          return absl::InvalidArgumentError(absl::StrCat("bad --revisions value '", s, "'"));
-        }
-        a.sizes.push_back(n);
-      }
-    } else if (f == "--policies") {
-      if (!absl::SimpleAtoi(v, &a.policies) || a.policies == 0) {
-        return absl::InvalidArgumentError("bad --policies");
-      }
-    } else if (f == "--dir") {
-      a.dir = v;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", f));
-    }
-  }
+  CLI::App app("compact: compaction time and size at several catalog sizes", "compact");
+  app.add_option("--revisions", a.sizes, "catalog sizes (revisions), comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(uint64_t{2}, uint64_t{1} << 40));
+  app.add_option("--policies", a.policies, "policies the revisions are spread over")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--dir", a.dir, "work directory (default: a temporary one)");
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   return a;
 }
 

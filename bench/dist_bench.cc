@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -22,7 +23,6 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
 #include "compute/distributed/dp_train.h"
@@ -79,18 +79,12 @@ struct DpFlags {
 
 absl::StatusOr<DpFlags> ParseDpFlags(const std::vector<std::string>& args) {
   DpFlags f;
-  for (size_t i = 0; i < args.size(); ++i) {
-    int64_t* out = args[i] == "--steps"    ? &f.steps
-                   : args[i] == "--batch"  ? &f.batch
-                   : args[i] == "--layers" ? &f.layers
-                   : args[i] == "--hidden" ? &f.hidden
-                                           : nullptr;
-    if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", args[i]));
-    if (i + 1 >= args.size() || !absl::SimpleAtoi(args[i + 1], out) || *out < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(args[i], " needs a positive integer"));
-    }
-    ++i;
-  }
+  CLI::App app("dist dp: data-parallel LoRA training, 1 vs 2 Gloo ranks", "dist dp");
+  app.add_option("--steps", f.steps, "training steps")->check(CLI::PositiveNumber);
+  app.add_option("--batch", f.batch, "global batch (even: 2 ranks)")->check(CLI::PositiveNumber);
+  app.add_option("--layers", f.layers, "decoder layers")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", f.hidden, "hidden size")->check(CLI::PositiveNumber);
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   if (f.batch % 2 != 0) return absl::InvalidArgumentError("--batch must be even (2 ranks)");
   return f;
 }

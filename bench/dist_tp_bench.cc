@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -60,20 +61,17 @@ struct TpFlags {
 
 absl::StatusOr<TpFlags> ParseTpFlags(const std::vector<std::string>& args) {
   TpFlags f;
-  for (const std::string& a : args) {
-    auto value = [&](const char* name, int64_t* out) -> bool {
-      const std::string prefix = absl::StrCat("--", name, "=");
-      return a.rfind(prefix, 0) == 0 && absl::SimpleAtoi(a.substr(prefix.size()), out);
-    };
-    if (!(value("layers", &f.layers) || value("hidden", &f.hidden) ||
-          value("sequences", &f.sequences) || value("steps", &f.steps) ||
-          value("prompt-len", &f.prompt_len) || value("rank", &f.rank))) {
-      return absl::InvalidArgumentError(absl::StrCat("dist tp: unknown flag ", a));
-    }
-  }
-  if (f.layers < 1 || f.hidden < 64 || f.hidden % 64 != 0 || f.sequences < 1 || f.steps < 1) {
-    return absl::InvalidArgumentError("dist tp: bad sizes (hidden must be a multiple of 64)");
-  }
+  CLI::App app("dist tp: tensor-parallel decode, 1 vs 2 ranks", "dist tp");
+  app.add_option("--layers", f.layers, "decoder layers")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", f.hidden, "hidden size (a multiple of 64)")
+      ->check(CLI::Range(int64_t{64}, int64_t{1} << 20));
+  app.add_option("--sequences", f.sequences, "sequences in the batch")->check(CLI::PositiveNumber);
+  app.add_option("--steps", f.steps, "decode steps")->check(CLI::PositiveNumber);
+  app.add_option("--prompt-len", f.prompt_len, "prompt tokens")->check(CLI::PositiveNumber);
+  app.add_option("--rank", f.rank, "LoRA rank")->check(CLI::PositiveNumber);
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
+  if (f.hidden % 64 != 0)
+    return absl::InvalidArgumentError("dist tp: --hidden must be a multiple of 64");
   return f;
 }
 
@@ -270,11 +268,9 @@ struct LoadCase {
 
 absl::Status RunTpLoad(const std::vector<std::string>& args) {
   int64_t trials = 5;
-  for (const std::string& a : args) {
-    if (a.rfind("--trials=", 0) != 0 || !absl::SimpleAtoi(a.substr(9), &trials) || trials < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("dist tp-load: unknown flag ", a));
-    }
-  }
+  CLI::App app("dist tp-load: loading a sharded adapter, 1 vs 2 ranks", "dist tp-load");
+  app.add_option("--trials", trials, "trials of each case")->check(CLI::PositiveNumber);
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   const ScopedBenchDir scoped_dir("loradb-bench-tpload");
   const fs::path& dir = scoped_dir.path();
 
@@ -412,13 +408,10 @@ LORADB_REGISTER_DIST_CASE({"tp-load",
 
 absl::Status RunTpTiers(const std::vector<std::string>& args) {
   int64_t trials = 3, rank = 16;
-  for (const std::string& a : args) {
-    if (a.rfind("--trials=", 0) == 0 && absl::SimpleAtoi(a.substr(9), &trials) && trials >= 1) {
-      continue;
-    }
-    if (a.rfind("--rank=", 0) == 0 && absl::SimpleAtoi(a.substr(7), &rank) && rank >= 1) continue;
-    return absl::InvalidArgumentError(absl::StrCat("dist tp-tiers: unknown flag ", a));
-  }
+  CLI::App app("dist tp-tiers: a sharded adapter through the tiers, 1 vs 2 ranks", "dist tp-tiers");
+  app.add_option("--trials", trials, "trials of each case")->check(CLI::PositiveNumber);
+  app.add_option("--rank", rank, "LoRA rank")->check(CLI::PositiveNumber);
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   const ScopedBenchDir scoped_dir("loradb-bench-tptiers");
   const fs::path& dir = scoped_dir.path();
   // The Qwen3-4B-shaped dense adapter of tp-load (fp32), published into a store.

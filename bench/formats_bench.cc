@@ -8,11 +8,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
 #include "storage/formats/blob.h"
@@ -35,34 +35,16 @@ struct Options {
 
 absl::StatusOr<Options> ParseArgs(const std::vector<std::string>& args) {
   Options o;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (i + 1 >= args.size()) return absl::InvalidArgumentError(args[i] + " needs a value");
-      return args[++i];
-    };
-    auto int_value = [&](int* out) -> absl::Status {
-      LORADB_ASSIGN_OR_RETURN(std::string v, value());
-      if (!absl::SimpleAtoi(v, out) || *out < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("bad number for ", args[i - 1], ": ", v));
-      }
-      return absl::OkStatus();
-    };
-    if (args[i] == "--layers") {
-      LORADB_RETURN_IF_ERROR(int_value(&o.spec.layers));
-    } else if (args[i] == "--experts") {
-      LORADB_RETURN_IF_ERROR(int_value(&o.spec.experts));
-    } else if (args[i] == "--reps") {
-      LORADB_RETURN_IF_ERROR(int_value(&o.reps));
-    } else if (args[i] == "--dir") {
-      LORADB_ASSIGN_OR_RETURN(o.dir, value());
-    } else if (args[i] == "--keep") {
-      o.keep = true;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown flag ", args[i], " (flags: --layers N --experts N --reps N --dir DIR --keep)"));
-    }
-  }
-  if (o.reps < 1) o.reps = 1;
+  CLI::App app("formats: read a synthetic MoE adapter as safetensors, packed and unpacked blob",
+               "formats");
+  app.add_option("--layers", o.spec.layers, "decoder layers of the synthetic adapter")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--experts", o.spec.experts, "experts per layer")->check(CLI::NonNegativeNumber);
+  app.add_option("--reps", o.reps, "repetitions of each read (at least 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--dir", o.dir, "work directory (default: a temporary one)");
+  app.add_flag("--keep", o.keep, "keep the work directory");
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   return o;
 }
 

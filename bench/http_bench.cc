@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -55,35 +56,23 @@ struct HttpBenchArgs {
 
 absl::StatusOr<HttpBenchArgs> ParseArgs(const std::vector<std::string>& args) {
   HttpBenchArgs a;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& f = args[i];
-    if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat("missing value: ", f));
-    int v = 0;
-    if (!absl::SimpleAtoi(args[++i], &v) || v < (f == "--event-threads" ? 0 : 1)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad value for ", f));
-    }
-    if (f == "--connections") {
-      a.connections = v;
-    } else if (f == "--reads") {
-      a.reads = v;
-    } else if (f == "--writes") {
-      a.writes = v;
-    } else if (f == "--policies") {
-      a.policies = v;
-    } else if (f == "--revisions-per-policy") {
-      a.revisions_per_policy = v;
-    } else if (f == "--client-threads") {
-      a.client_threads = v;
-    } else if (f == "--event-threads") {
-      a.event_threads = v;
-    } else if (f == "--rounds") {
-      a.rounds = v;
-    } else if (f == "--handler-threads") {
-      a.handler_threads = v;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", f));
-    }
-  }
+  CLI::App app("http: the admin endpoint under concurrent reads and writes", "http");
+  const auto positive = CLI::Range(1, 1 << 20);
+  app.add_option("--connections", a.connections, "client connections")->check(positive);
+  app.add_option("--reads", a.reads, "reads per connection")->check(positive);
+  app.add_option("--writes", a.writes, "writes per connection")->check(positive);
+  app.add_option("--policies", a.policies, "policies in the seeded store")->check(positive);
+  app.add_option("--revisions-per-policy", a.revisions_per_policy, "revisions of each policy")
+      ->check(positive);
+  app.add_option("--client-threads", a.client_threads, "threads of the load generator")
+      ->check(positive);
+  app.add_option("--event-threads", a.event_threads,
+                 "loop threads of the event engine (0: one per hardware thread)")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--rounds", a.rounds, "rounds of the read case")->check(positive);
+  app.add_option("--handler-threads", a.handler_threads, "threads for mutating calls")
+      ->check(positive);
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   return a;
 }
 
@@ -438,8 +427,8 @@ absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
   emit("read-1conn", 1, RunEventLoad(port, 1, a.reads, 1, read_raw), kRead);
   // The goal case: C connections from the epoll load generator (as wrk would), for --rounds
   // rounds (the machine's load drifts). The goal is judged on every sample.
-  Progress(absl::StrCat("read: ", a.connections, " connections x ", a.reads, ", ", a.rounds,
-                        " rounds"));
+  Progress(
+      absl::StrCat("read: ", a.connections, " connections x ", a.reads, ", ", a.rounds, " rounds"));
   LoadResult reads;
   for (int round = 0; round < a.rounds; ++round) {
     LoadResult r = RunEventLoad(port, a.connections, a.reads, a.client_threads, read_raw);

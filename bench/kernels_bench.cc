@@ -24,6 +24,7 @@
 // Flags: --batches=1,16,64,256 --threads=N --min-seconds=S.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -41,7 +42,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "kernels/lora_kernels.h"
@@ -66,32 +66,17 @@ struct Options {
 };
 
 absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
-  for (const std::string& a : args) {
-    if (a == "cpu") continue;
-    if (a == "gpu") {
-      o->gpu = true;
-    } else if (a.rfind("--batches=", 0) == 0) {
-      o->batches.clear();
-      for (absl::string_view part : absl::StrSplit(a.substr(10), ',')) {
-        int64_t v;
-        if (!absl::SimpleAtoi(part, &v) || v <= 0) {
-          return absl::InvalidArgumentError("bad --batches value: " + a);
-        }
-        o->batches.push_back(v);
-      }
-    } else if (a.rfind("--threads=", 0) == 0) {
-      if (!absl::SimpleAtoi(a.substr(10), &o->threads) || o->threads <= 0) {
-        return absl::InvalidArgumentError("bad --threads value: " + a);
-      }
-    } else if (a.rfind("--min-seconds=", 0) == 0) {
-      if (!absl::SimpleAtod(a.substr(14), &o->min_seconds)) {
-        return absl::InvalidArgumentError("bad --min-seconds value: " + a);
-      }
-    } else {
-      return absl::InvalidArgumentError("unknown argument: " + a +
-                                        " (use cpu|gpu, --batches=, --threads=, --min-seconds=)");
-    }
-  }
+  CLI::App app("kernels: multi-LoRA kernels against their references", "kernels");
+  std::string device = "cpu";
+  app.add_option("device", device, "cpu or gpu")->check(CLI::IsMember({"cpu", "gpu"}));
+  app.add_option("--batches", o->batches, "batch sizes, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", o->threads, "CPU threads")->check(CLI::PositiveNumber);
+  app.add_option("--min-seconds", o->min_seconds, "minimum timing per variant")
+      ->check(CLI::NonNegativeNumber);
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
+  o->gpu = device == "gpu";
   return absl::OkStatus();
 }
 

@@ -469,6 +469,7 @@ int main(int argc, char** argv) {
   for (const auto& s : ScenarioRegistry()) {
     if (s.name != name) continue;
     absl::Status st = s.run(args);
+    if (absl::IsCancelled(st)) return 0;  // --help
     if (!st.ok()) {
       std::fprintf(stderr, "error: %s: %s\n", s.name.c_str(), std::string(st.message()).c_str());
       return 1;

@@ -8,6 +8,7 @@
 // storm is as dense as the catalog allows; generations are fsynced as always.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -16,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
 #include "storage/formats/synthetic.h"
@@ -40,26 +40,14 @@ struct Args {
 
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& args) {
   Args a;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& f = args[i];
-    if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat("missing value: ", f));
-    const std::string& v = args[++i];
-    bool ok = true;
-    if (f == "--revisions") {
-      ok = absl::SimpleAtoi(v, &a.revisions);
-    } else if (f == "--ops") {
-      ok = absl::SimpleAtoi(v, &a.ops) && a.ops > 0;
-    } else if (f == "--followers") {
-      ok = absl::SimpleAtoi(v, &a.followers) && a.followers > 0 && a.followers <= 64;
-    } else if (f == "--interval-ms") {
-      ok = absl::SimpleAtoi(v, &a.interval_ms) && a.interval_ms > 0;
-    } else if (f == "--dir") {
-      a.dir = v;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", f));
-    }
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat("bad value for ", f, ": '", v, "'"));
-  }
+  CLI::App app("replicate: staleness of read-only replicas following a writer", "replicate");
+  app.add_option("--revisions", a.revisions, "revisions published before the run");
+  app.add_option("--ops", a.ops, "catalog operations during the run")->check(CLI::PositiveNumber);
+  app.add_option("--followers", a.followers, "replica followers (1-64)")->check(CLI::Range(1, 64));
+  app.add_option("--interval-ms", a.interval_ms, "publish and poll interval")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--dir", a.dir, "work directory (default: a temporary one)");
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   return a;
 }
 
