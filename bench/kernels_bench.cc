@@ -45,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "kernels/lora_kernels.h"
+#include "storage/util/status_macros.h"
 
 #if defined(LORADB_COMPUTE_AVAILABLE)
 #include "compute/baselines/gather_bmm.h"
