@@ -61,6 +61,7 @@ class DatasetTask final : public Task {
     return out;
   }
   int64_t completion_tokens() const override { return o_.max_tokens; }
+  std::vector<int64_t> stop_tokens() const override { return o_.stop_tokens; }
 
   absl::StatusOr<std::vector<float>> Rewards(const std::vector<Rollout>& rollouts) const override {
     std::vector<std::string> lines;
@@ -166,6 +167,7 @@ class DatasetTask final : public Task {
         r.policy = policy;
         r.prompt = data_.examples[i].prompt;
         r.max_tokens = o_.max_tokens;
+        r.stop_tokens = o_.stop_tokens;
         r.temperature = run_.temperature;
         requests.push_back(std::move(r));
         prompt_of.push_back(static_cast<int64_t>(i));

@@ -28,6 +28,7 @@ struct DataRunOptions {
   std::string reward_cmd;
   double reward_timeout_s = 60;
   int64_t max_tokens = 16;
+  std::vector<int64_t> stop_tokens;  // GRPO: ids that end a completion (included in it)
   // Token ids -> text for the rollouts' "prompt" / "completion" fields; null: no text fields.
   std::function<absl::StatusOr<std::string>(const std::vector<int64_t>&)> decode;
 };

@@ -292,6 +292,7 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
         r.prompt = p;
         r.max_tokens = task->completion_tokens();
         r.temperature = config.temperature;
+        r.stop_tokens = task->stop_tokens();
         requests.push_back(std::move(r));
       }
     }

@@ -52,6 +52,8 @@ class Task {
   // GRPO: `n` prompts drawn with `rng`, the completion length, and the reward of a completion.
   virtual std::vector<std::vector<int64_t>> Prompts(Rng* rng, int64_t n) const;
   virtual int64_t completion_tokens() const { return 1; }
+  // GRPO: token ids that end a completion early (included in it).
+  virtual std::vector<int64_t> stop_tokens() const { return {}; }
   virtual float Reward(const std::vector<int64_t>& prompt,
                        const std::vector<int64_t>& completion) const;
   // The rewards of the rollouts of prompts from the latest Prompts() call, in order; an error

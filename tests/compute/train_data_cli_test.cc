@@ -28,6 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Cli;
 using testing::CliRun;
 using testing::TempDir;
@@ -153,6 +154,26 @@ TEST(TrainDataCli, SftOnTokenIdsLowersTheLossAndPublishes) {
   EXPECT_EQ(o2.result["start_step"], 30);
   EXPECT_EQ(o2.steps.size(), 4u);
   EXPECT_NEAR(o2.result["start_loss"].get<double>(), res["end_loss"].get<double>(), 1e-6);
+}
+
+TEST(TrainDataCli, ATerminalGetsAProgressBar) {
+  if (std::system("command -v script >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no `script` to run the command on a pseudo-terminal";
+  }
+  TempDir dir;
+  const std::string data = WriteLines(dir, "sft.jsonl", MappingLines());
+  // script(1) runs the command with stdout and stderr on a pseudo-terminal and copies what it
+  // wrote to its own stdout.
+  const std::string cmd = absl::StrCat(
+      "OMP_NUM_THREADS=1 script -qec \"'", LORADB_CLI_PATH, "' --store '", dir.file("store"),
+      "' train --model '", TheBases().plain, "' --policy bar --data '", data,
+      "' --steps 3 --batch 8 --threads 1\" /dev/null >'", dir.file("tty"), "' 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << testing::Slurp(dir.file("tty"));
+  const std::string tty = testing::Slurp(dir.file("tty"));
+  EXPECT_THAT(tty, HasSubstr("\r\033[K[========"));
+  EXPECT_THAT(tty, HasSubstr("3/3 sft loss "));
+  EXPECT_THAT(tty, HasSubstr(" tok/s | ETA 0:00"));
+  EXPECT_THAT(tty, Not(HasSubstr("\"event\"")));
 }
 
 TEST(TrainDataCli, SftOnTextAndChatWithTheBasesTokenizer) {

@@ -13,9 +13,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compute/trainer/data_training.h"
@@ -33,6 +35,7 @@ struct TrainArgs {
   trainer::TrainRunOptions run;
   trainer::DataRunOptions data;
   std::string data_path;
+  std::vector<std::string> stop;  // --stop: token ids or token strings
   bool fresh = false;
   bool no_publish = false;
   bool json = false;
@@ -145,6 +148,23 @@ absl::Status RunData(TrainArgs* a) {
     // Token-id data still train on a base whose tokenizer.json cannot be read.
     po.no_tokenizer_reason = std::string(loaded.status().message());
   }
+  for (const std::string& stop : a->stop) {
+    int64_t id = -1;
+    std::optional<int32_t> named = tokenizer ? tokenizer->TokenToId(stop) : std::nullopt;
+    if (named.has_value()) {
+      id = *named;
+    } else if (!absl::SimpleAtoi(stop, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--stop ", stop, ": not a token id", tokenizer ? " nor a token of " : "",
+          tokenizer ? tok_path : ""));
+    }
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("--stop ", stop, ": id ", id,
+                                                     " is outside the vocabulary [0, ",
+                                                     config.vocab_size, ")"));
+    }
+    a->data.stop_tokens.push_back(id);
+  }
   LORADB_ASSIGN_OR_RETURN(dataset::Dataset data, dataset::ReadTrainingData(a->data_path, po));
   a->data.data = &data;
   const int64_t steps = trainer::DataRunSteps(a->run, a->data);
@@ -246,6 +266,9 @@ void SetupTrain(CLI::App* sub, Invocation* inv) {
   sub->add_option("--reward-timeout", d.reward_timeout_s,
                   "seconds the reward program may stay silent (default 60)");
   sub->add_option("--max-tokens", d.max_tokens, "--data GRPO: tokens per completion (default 16)");
+  sub->add_option("--stop", a->stop,
+                  "--data GRPO: a token (id, or token string of the base's tokenizer) that ends a "
+                  "completion; repeatable");
   sub->add_option("--base", r.base_name, "base name in the store (default: model dir name)");
   sub->add_option("--rank", r.rank, "LoRA rank (default 8)");
   sub->add_option("--alpha", r.alpha, "LoRA alpha (default 16)");
