@@ -236,10 +236,11 @@ TEST(TrainDataCli, GrpoWithARewardProgramRaisesTheReward) {
   TempDir dir;
   const std::string store = dir.file("store");
   // Warm start: a few SFT steps on the answers, so rollouts at temperature 1 sometimes earn the
-  // reward (a random base almost never samples the one right token of 1024).
+  // reward (a random base almost never samples the one right token of 1024; after 9 steps the
+  // argmax is right on 29 of 32 keys but sampling earns ~0.2).
   CliRun warm = Train(dir, store, TheBases().plain, "rl",
                       WriteLines(dir, "sft.jsonl", MappingLines()),
-                      "--steps 6 --batch 16 --lr 1e-2 --no-publish");
+                      "--steps 9 --batch 16 --lr 1e-2 --no-publish");
   ASSERT_EQ(warm.rc, 0) << warm.err;
   std::vector<std::string> prompts;
   for (int k = 0; k < 32; ++k) {
@@ -249,18 +250,19 @@ TEST(TrainDataCli, GrpoWithARewardProgramRaisesTheReward) {
   const std::string reward = absl::StrCat(
       "python3 '", LORADB_SOURCE_DIR, "/tests/compute/testdata/exact_answer_reward.py'");
   CliRun r = Train(dir, store, TheBases().plain, "rl", WriteLines(dir, "rl.jsonl", prompts),
-                   absl::StrCat("--steps 26 --grpo-prompts 8 --grpo-group 8 --max-tokens 1 ",
+                   absl::StrCat("--steps 29 --grpo-prompts 8 --grpo-group 8 --max-tokens 1 ",
                                 "--lr 5e-3 --eval 32 --reward-cmd \"", reward, "\""));
   ASSERT_EQ(r.rc, 0) << r.err;
   Output o = ParseOutput(r);
   EXPECT_EQ(o.result["kind"], "GRPO");
-  EXPECT_EQ(o.result["start_step"], 6);
+  EXPECT_EQ(o.result["start_step"], 9);
   ASSERT_EQ(o.steps.size(), 20u);
   EXPECT_TRUE(o.steps[0].contains("reward"));
   const double before = o.result["start_mean_reward"].get<double>();
   const double after = o.result["end_mean_reward"].get<double>();
-  // 32 prompts x 8 rollouts each time, at fixed seeds.
-  EXPECT_GT(after, before + 0.2) << o.result.dump();
+  // 32 prompts x 8 rollouts each time, at fixed seeds (measured: 0.18 -> 0.55; seeds 1 and 2
+  // of the whole run: 0.12 -> 0.45, 0.20 -> 0.45). A rate of 1e-2 collapses instead.
+  EXPECT_GT(after, before + 0.15) << o.result.dump();
   EXPECT_GT(o.result["revision"].get<uint64_t>(), 0u);
 }
 
