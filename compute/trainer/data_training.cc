@@ -72,8 +72,11 @@ class DatasetTask final : public Task {
       j["prompt_ids"] = *r.prompt;
       j["completion_ids"] = *r.completion;
       if (o_.decode) {
-        LORADB_ASSIGN_OR_RETURN(j["prompt"], o_.decode(*r.prompt));
-        LORADB_ASSIGN_OR_RETURN(j["completion"], o_.decode(*r.completion));
+        // null where an id has no token: a base's vocabulary may be larger than its tokenizer's.
+        for (const auto& [key, ids] : {std::pair{"prompt", r.prompt}, {"completion", r.completion}}) {
+          absl::StatusOr<std::string> text = o_.decode(*ids);
+          j[key] = text.ok() ? nlohmann::json(*text) : nlohmann::json(nullptr);
+        }
       }
       std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       line.pop_back();  // the closing brace: the example goes last, as written in the file

@@ -29,7 +29,8 @@ struct DataRunOptions {
   double reward_timeout_s = 60;
   int64_t max_tokens = 16;
   std::vector<int64_t> stop_tokens;  // GRPO: ids that end a completion (included in it)
-  // Token ids -> text for the rollouts' "prompt" / "completion" fields; null: no text fields.
+  // Token ids -> text for the rollouts' "prompt" / "completion" fields (JSON null where it
+  // fails: an id without a token); a null function: no text fields.
   std::function<absl::StatusOr<std::string>(const std::vector<int64_t>&)> decode;
 };
 

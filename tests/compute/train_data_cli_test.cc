@@ -266,6 +266,45 @@ TEST(TrainDataCli, GrpoWithARewardProgramRaisesTheReward) {
   EXPECT_GT(o.result["revision"].get<uint64_t>(), 0u);
 }
 
+TEST(TrainDataCli, TheRewardProgramGetsEachRolloutAsAJsonLine) {
+  TempDir dir;
+  const std::string data = WriteLines(
+      dir, "rl.jsonl",
+      {R"({"prompt": "What colour is the sky?", "answer": "blue", "meta": {"id": 7}})",
+       R"({"prompt": [1, 2, 3]})"});
+  const std::string log = dir.file("rollouts.jsonl");
+  const std::string script = dir.file("reward.sh");
+  std::ofstream(script) << "while read -r l; do printf '%s\\n' \"$l\" >> '" << log
+                        << "'; echo 0.25; done\n";
+  CliRun r = Train(dir, dir.file("store"), TheBases().with_tokenizer, "rl", data,
+                   absl::StrCat("--steps 1 --grpo-prompts 2 --grpo-group 3 --max-tokens 4 ",
+                                "--eval 2 --reward-cmd 'sh ", script, "'"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // Evaluation before, one step, evaluation after: 3 batches of 2 prompts x 3 rollouts.
+  std::vector<Json> rollouts;
+  for (absl::string_view line : absl::StrSplit(testing::Slurp(log), '\n', absl::SkipEmpty())) {
+    rollouts.push_back(Json::parse(line));
+  }
+  ASSERT_EQ(rollouts.size(), 18u);
+  for (const Json& ro : rollouts) {
+    const int line = ro["line"].get<int>();
+    ASSERT_TRUE(line == 1 || line == 2) << ro.dump();
+    EXPECT_LE(ro["completion_ids"].size(), 4u);
+    EXPECT_GE(ro["completion_ids"].size(), 1u);
+    EXPECT_TRUE(ro.contains("completion"));  // text or null (ids past the tokenizer's 366)
+    if (line == 1) {
+      EXPECT_EQ(ro["prompt"], "What colour is the sky?");
+      EXPECT_EQ(ro["example"]["answer"], "blue");
+      EXPECT_EQ(ro["example"]["meta"]["id"], 7);
+    } else {
+      EXPECT_EQ(ro["prompt_ids"], Json::array({1, 2, 3}));
+      EXPECT_EQ(ro["example"], Json::parse(R"({"prompt": [1, 2, 3]})"));
+    }
+  }
+  Output o = ParseOutput(r);
+  EXPECT_NEAR(o.result["start_mean_reward"].get<double>(), 0.25, 1e-12);
+}
+
 TEST(TrainDataCli, RewardProgramFailuresStopTheRun) {
   TempDir dir;
   const std::string data = WriteLines(dir, "rl.jsonl", {"{\"prompt\": [1, 2], \"answer\": 3}"});
