@@ -192,6 +192,13 @@ std::vector<std::vector<int64_t>> Task::Prompts(Rng* rng, int64_t n) const {
 
 float Task::Reward(const std::vector<int64_t>&, const std::vector<int64_t>&) const { return 0; }
 
+absl::StatusOr<std::vector<float>> Task::Rewards(const std::vector<Rollout>& rollouts) const {
+  std::vector<float> out;
+  out.reserve(rollouts.size());
+  for (const Rollout& r : rollouts) out.push_back(Reward(*r.prompt, *r.completion));
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Task>> MakeTask(const std::string& name, int64_t vocab_size,
                                                uint64_t seed) {
   if (vocab_size < 512) {
@@ -216,9 +223,12 @@ absl::StatusOr<double> SampledMeanReward(Trainer* trainer, const Task& task, int
   }
   Rng prompt_rng(seed);
   std::vector<SampleRequest> reqs;
+  std::vector<int64_t> prompt_of;
   const auto ps = task.Prompts(&prompt_rng, prompts);
-  for (const auto& p : ps) {
+  for (size_t pi = 0; pi < ps.size(); ++pi) {
+    const auto& p = ps[pi];
     for (int64_t i = 0; i < samples; ++i) {
+      prompt_of.push_back(static_cast<int64_t>(pi));
       SampleRequest r;
       r.policy = policy;
       r.prompt = p;
@@ -232,8 +242,13 @@ absl::StatusOr<double> SampledMeanReward(Trainer* trainer, const Task& task, int
   absl::StatusOr<std::vector<SampleResult>> out = trainer->Sample(reqs);
   trainer->rng(policy) = saved;
   if (!out.ok()) return out.status();
+  std::vector<Rollout> rollouts;
+  for (size_t i = 0; i < out->size(); ++i) {
+    rollouts.push_back(Rollout{prompt_of[i], &reqs[i].prompt, &(*out)[i].tokens});
+  }
+  LORADB_ASSIGN_OR_RETURN(std::vector<float> rewards, task.Rewards(rollouts));
   double sum = 0;
-  for (size_t i = 0; i < out->size(); ++i) sum += task.Reward(reqs[i].prompt, (*out)[i].tokens);
+  for (float r : rewards) sum += r;
   return sum / static_cast<double>(out->size());
 }
 
@@ -277,6 +292,7 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
         r.prompt = p;
         r.max_tokens = task->completion_tokens();
         r.temperature = config.temperature;
+        r.stop_tokens = task->stop_tokens();
         requests.push_back(std::move(r));
       }
     }
@@ -293,18 +309,25 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
     size_t next = 0;
     for (size_t i = 0; i < k; ++i) {
       if (kinds[i] != LossKind::kGrpo) continue;
-      std::vector<float> rewards;
       std::vector<const SampleResult*> mine;
       std::vector<const std::vector<int64_t>*> their_prompt;
-      for (const auto& p : prompts[i]) {
+      std::vector<Rollout> rollouts;
+      for (size_t pi = 0; pi < prompts[i].size(); ++pi) {
+        const auto& p = prompts[i][pi];
         for (int64_t g = 0; g < config.grpo_group; ++g) {
           const SampleResult& s = samples[next++];
-          rewards.push_back(work[i].second->Reward(p, s.tokens));
+          rollouts.push_back(Rollout{static_cast<int64_t>(pi), &p, &s.tokens});
           mine.push_back(&s);
           their_prompt.push_back(&p);
-          absl::StrAppend(&reports[i].rollouts, absl::StrJoin(p, ","), "|",
-                          absl::StrJoin(s.tokens, ","), "|", rewards.back(), "\n");
         }
+      }
+      LORADB_ASSIGN_OR_RETURN(std::vector<float> rewards, work[i].second->Rewards(rollouts));
+      if (rewards.size() != rollouts.size()) {
+        return absl::InternalError("the task returned a reward count unlike its rollouts'");
+      }
+      for (size_t j = 0; j < rollouts.size(); ++j) {
+        absl::StrAppend(&reports[i].rollouts, absl::StrJoin(*rollouts[j].prompt, ","), "|",
+                        absl::StrJoin(*rollouts[j].completion, ","), "|", rewards[j], "\n");
       }
       double mean = 0;
       for (float r : rewards) mean += r;
@@ -359,6 +382,7 @@ absl::StatusOr<std::vector<StepReport>> TrainStep(
       b.policy = work[i].first;
       b.loss = kinds[i];
       b.data.assign(data[i].begin() + lo, data[i].begin() + hi);
+      for (const Datum& d : b.data) reports[i].tokens += static_cast<int64_t>(d.tokens.size());
       batches.push_back(std::move(b));
     }
     const auto t0 = Clock::now();

@@ -13,6 +13,7 @@
 #define LORADB_COMPUTE_TRAINER_TASKS_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,6 +27,17 @@ namespace loradb::trainer {
 struct TaskScore {
   double score = 0;   // accuracy, preferred fraction or mean reward (higher is better)
   double margin = 0;  // DPO: mean held-out implicit reward margin
+  // The mean loss over the evaluation data, where the task measures one (dataset tasks);
+  // NaN otherwise.
+  double loss = std::numeric_limits<double>::quiet_NaN();
+};
+
+// One GRPO rollout to reward: `prompt_index` indexes the prompts of the Prompts() call that
+// produced `prompt`.
+struct Rollout {
+  int64_t prompt_index = 0;
+  const std::vector<int64_t>* prompt = nullptr;
+  const std::vector<int64_t>* completion = nullptr;
 };
 
 class Task {
@@ -40,8 +52,17 @@ class Task {
   // GRPO: `n` prompts drawn with `rng`, the completion length, and the reward of a completion.
   virtual std::vector<std::vector<int64_t>> Prompts(Rng* rng, int64_t n) const;
   virtual int64_t completion_tokens() const { return 1; }
+  // GRPO: token ids that end a completion early (included in it).
+  virtual std::vector<int64_t> stop_tokens() const { return {}; }
   virtual float Reward(const std::vector<int64_t>& prompt,
                        const std::vector<int64_t>& completion) const;
+  // The rewards of the rollouts of prompts from the latest Prompts() call, in order; an error
+  // stops the step before anything trains. Default: Reward() of each.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<float>> Rewards(
+      const std::vector<Rollout>& rollouts) const;
+  // Called before each optimizer step's TrainBatch / Prompts with the policy's step so far
+  // (dataset tasks walk their data by step, so a resumed run continues where it stopped).
+  virtual void BeginStep(int64_t /*step*/) {}
   // Scores `policy` (-1: the base) on the task's evaluation set.
   [[nodiscard]] virtual absl::StatusOr<TaskScore> Evaluate(Trainer* trainer, int policy) const = 0;
 };
@@ -70,6 +91,7 @@ struct StepReport {
   double grad_norm = 0;
   double lr = 0;
   double mean_reward = 0;  // GRPO: mean reward of this step's rollouts
+  int64_t tokens = 0;      // tokens of the step's training sequences (before prefix sharing)
   // GRPO: groups whose rollouts all earned the same reward carry no advantage; they are left out
   // of the loss (and of its token count). When that would leave no rollout (or fewer than the
   // micro-batches), none is skipped: with every advantage 0 the step has zero gradient, and the

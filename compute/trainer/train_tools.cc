@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
@@ -15,6 +16,13 @@
 namespace loradb::trainer {
 
 absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
+  return RunTaskTraining(o, [&](const model::Qwen3Model& model) {
+    return MakeTask(o.task, model.config().vocab_size, o.seed);
+  });
+}
+
+absl::StatusOr<TrainRunResult> RunTaskTraining(const TrainRunOptions& o,
+                                               const TaskFactory& make_task) {
   if (o.policy.empty()) return absl::InvalidArgumentError("--policy is required");
   if (o.steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
   if (o.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
@@ -30,8 +38,7 @@ absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
                    o.threads > 0 ? " (--threads)" : " (one per hardware core; --threads N)"));
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<model::Qwen3Model> model,
                           model::Qwen3Model::Load(o.model_dir));
-  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Task> task,
-                          MakeTask(o.task, model->config().vocab_size, o.seed));
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Task> task, make_task(*model));
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(o.store_dir));
   const std::string base =
       o.base_name.empty()
@@ -77,6 +84,7 @@ absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
   result.start_step = trainer.step(p);
   LORADB_ASSIGN_OR_RETURN(TaskScore before, task->Evaluate(&trainer, p));
   result.start_score = before.score;
+  result.start_loss = before.loss;
   say(absl::StrFormat("task %s: score %.4f at step %d", task->name(), before.score,
                       result.start_step));
 
@@ -87,12 +95,41 @@ absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
   sc.grpo_group = o.grpo_group;
   sc.temperature = o.temperature;
   std::string rollouts;
+  using Clock = std::chrono::steady_clock;
   while (trainer.step(p) < o.steps) {
     sc.force_sft = task->loss() == LossKind::kGrpo && trainer.step(p) < o.warm_start_steps;
+    task->BeginStep(trainer.step(p));
+    const auto t0 = Clock::now();
     LORADB_ASSIGN_OR_RETURN(std::vector<StepReport> r, TrainStep(&trainer, {{p, task.get()}}, sc));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const StepReport& s = r[0];
     result.last_loss = s.loss;
+    result.tokens += s.tokens;
+    result.train_seconds += seconds;
     rollouts = s.rollouts;
+    if (o.on_step) {
+      StepProgress sp;
+      sp.step = s.step;
+      sp.first_step = result.start_step;
+      sp.last_step = o.steps;
+      sp.loss_kind = sc.force_sft ? "sft" : LossKindName(task->loss());
+      sp.loss = s.loss;
+      sp.lr = s.lr;
+      sp.grad_norm = s.grad_norm;
+      if (!sc.force_sft && task->loss() == LossKind::kGrpo) {
+        sp.metric_name = "reward";
+        sp.metric = s.mean_reward;
+      } else if (task->loss() == LossKind::kDpo) {
+        sp.metric_name = "margin";
+        sp.metric = s.metric;
+      } else {
+        sp.metric_name = "acc";
+        sp.metric = s.accuracy;
+      }
+      sp.tokens = s.tokens;
+      sp.seconds = seconds;
+      o.on_step(sp);
+    }
     std::string line = absl::StrFormat("step %d/%d %s loss %.5f lr %.2e grad_norm %.3f", s.step,
                                        o.steps, sc.force_sft ? "sft" : LossKindName(task->loss()),
                                        s.loss, s.lr, s.grad_norm);
@@ -103,7 +140,7 @@ absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
     } else {
       absl::StrAppend(&line, absl::StrFormat(" acc %.3f", s.accuracy));
     }
-    say(line);
+    if (!o.on_step) say(line);
     if (o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0 && s.step < o.steps) {
       LORADB_ASSIGN_OR_RETURN(CheckpointRecord ck,
                               SaveCheckpoint(store.get(), trainer, p, parent, rollouts));
@@ -118,6 +155,7 @@ absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& o) {
   say(absl::StrCat("checkpoint ", ck.id, " at step ", ck.step));
   LORADB_ASSIGN_OR_RETURN(TaskScore after, task->Evaluate(&trainer, p));
   result.end_score = after.score;
+  result.end_loss = after.loss;
   say(absl::StrFormat("task %s: score %.4f at step %d", task->name(), after.score,
                       result.end_step));
   if (o.publish) {

@@ -1,16 +1,36 @@
 // Torch-free entry point to the trainer for the `loradb train` command and scripts: trains one
-// policy on a toy task with checkpoints in a store, resuming from the policy's latest
+// policy on a task (a toy task, or a dataset: data_training.h) with checkpoints in a store, resuming from the policy's latest
 // checkpoint, and publishes the result as a revision. Exposes no LibTorch types.
 #ifndef LORADB_COMPUTE_TRAINER_TRAIN_TOOLS_H_
 #define LORADB_COMPUTE_TRAINER_TRAIN_TOOLS_H_
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 
+namespace loradb::model {
+class Qwen3Model;
+}  // namespace loradb::model
+
 namespace loradb::trainer {
+
+// One optimizer step of a run, for progress displays.
+struct StepProgress {
+  int64_t step = 0;        // the optimizer step reached
+  int64_t first_step = 0;  // the step the run started (or resumed) at
+  int64_t last_step = 0;   // the step the run trains to
+  std::string loss_kind;   // sft | dpo | grpo
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  std::string metric_name;  // acc (SFT) | margin (DPO) | reward (GRPO)
+  double metric = 0;
+  int64_t tokens = 0;  // tokens of the step's training sequences
+  double seconds = 0;  // wall time of the step
+};
 
 struct TrainRunOptions {
   std::string model_dir;  // HF checkpoint directory of the base
@@ -42,8 +62,10 @@ struct TrainRunOptions {
   std::string reference;
   // LibTorch intra-op threads; 0: one per hardware core.
   int64_t threads = 0;
-  // Called with one line per step and per event.
+  // Called with one line per event, and per step unless `on_step` is set.
   std::function<void(const std::string&)> progress;
+  // Called after each optimizer step (progress bars, JSON lines).
+  std::function<void(const StepProgress&)> on_step;
 };
 
 struct TrainRunResult {
@@ -51,12 +73,27 @@ struct TrainRunResult {
   int64_t end_step = 0;
   double start_score = 0;  // the task's score before and after (TaskScore::score)
   double end_score = 0;
+  // The task's evaluation loss before and after (TaskScore::loss; NaN for the toy tasks).
+  double start_loss = 0;
+  double end_loss = 0;
+  int64_t tokens = 0;        // tokens trained on in this run
+  double train_seconds = 0;  // wall time of this run's steps
   double last_loss = 0;
   uint64_t checkpoint_id = 0;
   uint64_t revision_id = 0;
 };
 
 [[nodiscard]] absl::StatusOr<TrainRunResult> RunTraining(const TrainRunOptions& options);
+
+class Task;
+// Makes the task a run trains on, once the base is loaded.
+using TaskFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Task>>(const model::Qwen3Model& model)>;
+
+// RunTraining on the task `make_task` returns (options.task is not read): the same store
+// policy, resume, checkpoints and publishing.
+[[nodiscard]] absl::StatusOr<TrainRunResult> RunTaskTraining(const TrainRunOptions& options,
+                                                             const TaskFactory& make_task);
 
 }  // namespace loradb::trainer
 
