@@ -27,7 +27,7 @@
 #include "storage/store/record_json.h"
 #include "storage/maintenance/maintenance.h"
 #include "storage/store/store.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "storage/util/json.h"
 #include "storage/util/status_macros.h"
 
