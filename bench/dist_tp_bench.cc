@@ -47,7 +47,7 @@
 #include "storage/formats/blob.h"
 #include "storage/formats/synthetic.h"
 #include "storage/store/store.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::bench {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "storage/formats/model_config.h"
 #include "storage/store/record_json.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::http {

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "api/http/server.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 
 namespace loradb::http {
 

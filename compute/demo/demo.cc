@@ -23,7 +23,7 @@
 #include "compute/trainer/trainer.h"
 #include "storage/formats/model_config.h"
 #include "storage/store/store.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::demo {

@@ -13,8 +13,8 @@
 #include "storage/formats/peft.h"
 #include "storage/store/lora_peft.h"
 #include "storage/store/store.h"
+#include "storage/store/store_tiers.h"
 #include "storage/tiers/host_buffer.h"
-#include "storage/tiers/store_tiers.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::distributed {

@@ -21,7 +21,7 @@
 #include "compute/model/kernel_lora_applier.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/store/store.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::serving {

@@ -8,7 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "storage/util/mutex.h"
 
 namespace loradb::trainer {
 namespace {
@@ -22,7 +22,7 @@ class Schedule {
   // Blocks until there is a cohort to run (returns its work indices, marked busy) or nothing is
   // left to do or the run failed (returns empty).
   std::vector<size_t> Take() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     while (true) {
       if (!status_.ok()) return {};
       std::vector<size_t> idle;
@@ -39,14 +39,16 @@ class Schedule {
         for (size_t i : idle) busy_[i] = true;
         return idle;
       }
-      // Every policy with steps left is busy: wait for one to come back.
-      freed_.Wait(&mu_);
+      // Every policy with steps left is busy: wait for a cohort to finish (Finish's unlock
+      // wakes this wait).
+      const int64_t finished = cohorts_finished_;
+      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return cohorts_finished_ != finished; });
     }
   }
 
   // Records the outcome of a cohort's step and frees its policies.
   void Finish(const std::vector<size_t>& cohort, absl::StatusOr<std::vector<StepReport>> r) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (r.ok()) {
       ++cohort_steps_;
       const StepReport& first = r->front();
@@ -61,11 +63,11 @@ class Schedule {
       status_ = r.status();
     }
     for (size_t i : cohort) busy_[i] = false;
-    freed_.SignalAll();
+    ++cohorts_finished_;
   }
 
   absl::StatusOr<TimeSliceResult> Result() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!status_.ok()) return status_;
     TimeSliceResult out;
     out.reports = std::move(reports_);
@@ -77,8 +79,7 @@ class Schedule {
   }
 
  private:
-  absl::Mutex mu_;
-  absl::CondVar freed_;  // signalled when a cohort's policies become idle
+  Mutex mu_;
   const int64_t steps_;
   const size_t cohort_;
   std::vector<int64_t> done_ ABSL_GUARDED_BY(mu_);
@@ -86,6 +87,7 @@ class Schedule {
   std::vector<std::vector<StepReport>> reports_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t cohort_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cohorts_finished_ ABSL_GUARDED_BY(mu_) = 0;  // Finish calls, failed ones included
   double sample_s_ ABSL_GUARDED_BY(mu_) = 0;
   double forward_backward_s_ ABSL_GUARDED_BY(mu_) = 0;
   double optim_s_ ABSL_GUARDED_BY(mu_) = 0;

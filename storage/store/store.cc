@@ -15,7 +15,7 @@
 #include "storage/formats/safetensors.h"
 #include "storage/store/adapter_blob.h"
 #include "storage/store/lora_peft.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "storage/util/file_util.h"
 #include "storage/util/hash.h"
 #include "storage/util/json.h"

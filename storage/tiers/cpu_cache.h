@@ -35,7 +35,7 @@
 #include "storage/tiers/eviction.h"
 #include "storage/tiers/host_buffer.h"
 #include "storage/tiers/latency_histogram.h"
-#include "storage/tiers/sync.h"
+#include "storage/util/mutex.h"
 
 namespace loradb::tiers {
 

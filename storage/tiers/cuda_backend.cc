@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "storage/tiers/device_backend.h"
 #include "storage/tiers/host_buffer.h"
-#include "storage/tiers/sync.h"
+#include "storage/util/mutex.h"
 
 #if defined(LORADB_HAVE_CUDA)
 #include <cuda_runtime_api.h>

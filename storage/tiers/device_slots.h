@@ -27,8 +27,8 @@
 #include "storage/tiers/cpu_cache.h"
 #include "storage/tiers/device_backend.h"
 #include "storage/tiers/latency_histogram.h"
-#include "storage/tiers/sync.h"
 #include "storage/tiers/tp_shard.h"
+#include "storage/util/mutex.h"
 
 namespace loradb::tiers {
 

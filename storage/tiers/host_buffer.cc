@@ -13,7 +13,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "storage/tiers/sync.h"
+#include "storage/util/mutex.h"
 #include "storage/util/status_macros.h"
 
 #if defined(LORADB_HAVE_CUDA)

@@ -26,8 +26,8 @@
 #include "absl/status/statusor.h"
 #include "storage/formats/tensor.h"
 #include "storage/tiers/host_buffer.h"
-#include "storage/tiers/sync.h"
 #include "storage/util/hash.h"
+#include "storage/util/mutex.h"
 
 namespace loradb::tiers {
 

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "api/http/server.h"
 #include "storage/store/store.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "tests/storage/adapter_test_util.h"
 #include "tests/test_util.h"
 

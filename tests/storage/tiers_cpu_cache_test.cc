@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "storage/tiers/cpu_cache.h"
-#include "storage/tiers/sync.h"
+#include "storage/util/mutex.h"
 
 namespace loradb::tiers {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/formats/blob.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "storage/tiers/tp_shard.h"
 #include "storage/tiers/tp_shard_load.h"
 #include "tests/storage/adapter_test_util.h"

@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "tests/storage/adapter_test_util.h"
 #include "tests/test_util.h"
 

@@ -15,7 +15,7 @@
 #include "api/http/store_routes.h"
 #include "api/http/tier_routes.h"
 #include "storage/store/store.h"
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 #include "tools/loradb/command.h"
 
 namespace loradb::cli {

@@ -1,4 +1,4 @@
-#include "storage/tiers/store_tiers.h"
+#include "storage/store/store_tiers.h"
 
 #include "absl/strings/str_cat.h"
 #include "storage/formats/blob.h"

@@ -8,8 +8,11 @@
 // it, and only StoreTiers::Locate sees its residency). Blobs are read with formats/blob.h's
 // ParseBlob (original tensor names as views); the per-revision LoRA settings are added to each
 // entry's metadata ("lora.r", "lora.alpha", "lora.use_rslora") so consumers find the scale source.
-#ifndef LORADB_STORAGE_TIERS_STORE_TIERS_H_
-#define LORADB_STORAGE_TIERS_STORE_TIERS_H_
+//
+// This glue lives in storage/store, not storage/tiers: it reads the Store's records and blob
+// paths, so storage/store includes storage/tiers and never the other way round.
+#ifndef LORADB_STORAGE_STORE_STORE_TIERS_H_
+#define LORADB_STORAGE_STORE_STORE_TIERS_H_
 
 #include <cstdint>
 #include <memory>
@@ -99,4 +102,4 @@ class StoreTiers {
 
 }  // namespace loradb::tiers
 
-#endif  // LORADB_STORAGE_TIERS_STORE_TIERS_H_
+#endif  // LORADB_STORAGE_STORE_STORE_TIERS_H_
