@@ -54,9 +54,9 @@ class ReplyStream {
   void Attach(std::function<void()> wake);
   // What arrived since the last Take.
   struct Taken {
-    std::string data;              // streamed body bytes
-    bool ended = false;            // streamed: End was called
-    std::optional<Reply> answer;   // deferred: the reply
+    std::string data;             // streamed body bytes
+    bool ended = false;           // streamed: End was called
+    std::optional<Reply> answer;  // deferred: the reply
   };
   Taken Take();
   // The client is gone: runs the cancel function (unless the stream already ended), detaches

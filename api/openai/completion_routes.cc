@@ -5,12 +5,12 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,16 +30,13 @@ using nlohmann::json;
 
 // The request fields read (vLLM's CompletionRequest names); anything else is refused by name.
 const std::vector<std::string> kFields = {
-    "model",          "prompt",           "max_tokens",
-    "temperature",    "top_p",            "top_k",
-    "seed",           "stop",             "stop_token_ids",
-    "n",              "logprobs",         "echo",
-    "stream",         "stream_options",   "user",
-    "ignore_eos",     "return_token_ids", "return_tokens_as_token_ids",
-    "skip_special_tokens", "include_stop_str_in_output",
+    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+    "stop_token_ids", "n", "logprobs", "echo", "stream", "stream_options", "user", "ignore_eos",
+    "return_token_ids", "return_tokens_as_token_ids", "skip_special_tokens",
+    "include_stop_str_in_output",
     // Accepted only at the value that leaves the math unchanged (see NeutralOnly).
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
-    "best_of",        "logit_bias",       "suffix"};
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "best_of",
+    "logit_bias", "suffix"};
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
@@ -122,7 +119,7 @@ size_t CharBoundary(const std::string& s, size_t end) {
 struct Params {
   std::string model;
   std::vector<std::vector<int64_t>> prompts;
-  std::vector<std::string> prompt_texts;  // for echo: the text sent, or the ids decoded
+  std::vector<std::string> prompt_texts;   // for echo: the text sent, or the ids decoded
   std::optional<int64_t> max_tokens = 16;  // nullopt: the rest of the context
   double temperature = 1.0, top_p = 1.0;
   int64_t top_k = 0;
@@ -140,12 +137,12 @@ struct Params {
 struct ChoiceState {
   int64_t index = 0;  // prompt * n + sample, as vLLM numbers choices
   std::unique_ptr<text::DecodeStream> decode;
-  std::string text;                      // generated text (a stop token's own text left out)
-  size_t sent = 0;                       // bytes of `text` already streamed
-  std::optional<size_t> stop_at;         // where a stop string cut the text
+  std::string text;               // generated text (a stop token's own text left out)
+  size_t sent = 0;                // bytes of `text` already streamed
+  std::optional<size_t> stop_at;  // where a stop string cut the text
   std::optional<std::string> stop_string;
-  bool stopped_by_id = false;            // the last token is a stop id / eos
-  int64_t offset = 0;                    // text_offset of the next streamed token
+  bool stopped_by_id = false;  // the last token is a stop id / eos
+  int64_t offset = 0;          // text_offset of the next streamed token
 };
 
 struct PromptState {
@@ -193,9 +190,9 @@ class Routes {
 absl::Status Routes::ParsePrompt(const json& prompt, Params* p) const {
   auto encode = [&](const std::string& s) -> absl::Status {
     if (options_.tokenizer == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "text prompts need the base's tokenizer: no tokenizer.json at ", options_.tokenizer_path,
-          " (send token ids instead)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("text prompts need the base's tokenizer: no tokenizer.json at ",
+                       options_.tokenizer_path, " (send token ids instead)"));
     }
     LORADB_ASSIGN_OR_RETURN(std::vector<int32_t> ids, options_.tokenizer->Encode(s));
     p->prompts.emplace_back(ids.begin(), ids.end());
@@ -214,8 +211,9 @@ absl::Status Routes::ParsePrompt(const json& prompt, Params* p) const {
       } else if (v.is_number_integer()) {
         out.push_back(v.get<int64_t>());
       } else {
-        return Invalid("'prompt' must be a string, a list of strings, a list of token ids or a "
-                       "list of lists of token ids");
+        return Invalid(
+            "'prompt' must be a string, a list of strings, a list of token ids or a "
+            "list of lists of token ids");
       }
     }
     p->prompts.push_back(std::move(out));
@@ -365,13 +363,16 @@ json TopLogprobs(const RequestState& r, const serving::TokenLogprob& lp) {
 }
 
 json Chunk(const RequestState& r, json choices) {
-  return {{"id", r.id},         {"object", "text_completion"}, {"created", r.created},
-          {"model", r.p.model}, {"choices", std::move(choices)}};
+  return {{"id", r.id},
+          {"object", "text_completion"},
+          {"created", r.created},
+          {"model", r.p.model},
+          {"choices", std::move(choices)}};
 }
 
 void SendEvent(const RequestState& r, const json& event) {
-  r.stream->Send(absl::StrCat(
-      "data: ", event.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n"));
+  r.stream->Send(
+      absl::StrCat("data: ", event.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n"));
 }
 
 // Driver thread: one generated token of choice e.index of prompt `prompt`.
@@ -405,8 +406,8 @@ void OnToken(const std::shared_ptr<RequestState>& r, size_t prompt, const servin
   if (!p.stream) return;
   // Streamed: this token's event carries the text it completes, less what a stop string may
   // still claim.
-  size_t visible = c.stop_at.value_or(
-      c.text.size() > r->holdback ? c.text.size() - r->holdback : size_t{0});
+  size_t visible =
+      c.stop_at.value_or(c.text.size() > r->holdback ? c.text.size() - r->holdback : size_t{0});
   visible = std::max(CharBoundary(c.text, visible), c.sent);
   json choice = {{"index", c.index},
                  {"text", c.text.substr(c.sent, visible - c.sent)},
@@ -501,8 +502,8 @@ json FinalBody(const RequestState& r) {
         };
         if (p.echo) {
           for (size_t k = 0; k < p.prompts[i].size(); ++k) {
-            const auto& lp = k < ps.result.prompt_logprobs.size() ? ps.result.prompt_logprobs[k]
-                                                                  : std::nullopt;
+            const auto& lp =
+                k < ps.result.prompt_logprobs.size() ? ps.result.prompt_logprobs[k] : std::nullopt;
             if (lp.has_value()) {
               add(p.prompts[i][k], lp->logprob, TopLogprobs(r, *lp));
             } else {
@@ -755,13 +756,13 @@ json Routes::StatsJson() const {
 }
 
 json ErrorSchema() {
-  return {{"type", "object"},
-          {"required", {"error"}},
-          {"properties",
-           {{"error",
-             {{"type", "object"},
-              {"properties",
-               {{"code", {{"type", "string"}}}, {"message", {{"type", "string"}}}}}}}}}};
+  return {
+      {"type", "object"},
+      {"required", {"error"}},
+      {"properties",
+       {{"error",
+         {{"type", "object"},
+          {"properties", {{"code", {{"type", "string"}}}, {"message", {{"type", "string"}}}}}}}}}};
 }
 
 }  // namespace
@@ -804,8 +805,7 @@ absl::Status AddCompletionRoutes(std::shared_ptr<serving::CompletionService> ser
   http::Route models = http::MakeRoute(
       "GET", "/v1/models", [routes](const http::Call& call) { return routes->Models(call); },
       http::Operation("Servable models: the base and every policy alias (OpenAI list shape)",
-                      "openai",
-                      {{"200", http::ResponseSpec("the models", {{"type", "object"}})}}));
+                      "openai", {{"200", http::ResponseSpec("the models", {{"type", "object"}})}}));
   models.auth_if_token = true;
   LORADB_RETURN_IF_ERROR(router->Add(std::move(models)));
   http::Route stats = http::MakeRoute(
@@ -815,7 +815,8 @@ absl::Status AddCompletionRoutes(std::shared_ptr<serving::CompletionService> ser
       },
       http::Operation("The serving decoder's counters (running and queued sequences, KV cache, "
                       "leases, steps)",
-                      "openai", {{"200", http::ResponseSpec("the counters", {{"type", "object"}})}}));
+                      "openai",
+                      {{"200", http::ResponseSpec("the counters", {{"type", "object"}})}}));
   stats.auth_if_token = true;
   LORADB_RETURN_IF_ERROR(router->Add(std::move(stats)));
   server->AddMetricsSource([routes](std::string* out) {
@@ -840,7 +841,8 @@ absl::Status ReadEosIds(const std::filesystem::path& file, std::vector<int64_t>*
   text << in.rdbuf();
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", file.string()));
   LORADB_ASSIGN_OR_RETURN(json j, ParseJson(text.str(), file.string()));
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(file.string(), ": not an object"));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(file.string(), ": not an object"));
   auto eos = j.find("eos_token_id");
   if (eos == j.end() || eos->is_null()) return absl::OkStatus();
   const json list = eos->is_array() ? *eos : json::array({*eos});
