@@ -10,9 +10,19 @@
 //    over 1x, 2x and 4x --slots distinct adapters (all resident in the CPU tier); time to
 //    first token (Submit to the first token callback) p50 / p99.
 //    Goal: TTFT p50 and p99 at 4x the slots <= 3x those at 1x.
+// Each case runs twice side by side on the same service: in-process (Complete) and through the
+// HTTP endpoint (api/openai's POST /v1/completions on an in-process server over loopback, one
+// keep-alive connection per client, `stream: true`, TTFT = the first token's event). Extra goals:
+// HTTP base tokens/s >= 0.9x in-process at the same batch (the endpoint's overhead), and the
+// distinct-vs-base and cliff goals over HTTP.
 // Flags: --clients=N --cliff-clients=N --slots=N --requests=N --prompt=N --tokens=N --rank=N
 // --threads=N (LibTorch intra-op and LoRA kernel threads) --config=PATH.
-#if defined(LORADB_COMPUTE_AVAILABLE)
+#if defined(LORADB_COMPUTE_AVAILABLE) && defined(LORADB_OPENAI_AVAILABLE)
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include <unistd.h>
 
@@ -29,7 +39,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "api/http/server.h"
+#include "api/openai/completion_routes.h"
 #include "bench/bench_util.h"
 #include "compute/model/model_tools.h"
 #include "compute/serving/completion_service.h"
@@ -80,11 +93,122 @@ struct RunFigures {
   }
 };
 
+// A blocking keep-alive connection to the loopback endpoint, speaking just enough HTTP for the
+// streamed completions this scenario sends.
+class HttpClient {
+ public:
+  explicit HttpClient(int port) : port_(port) {}
+  ~HttpClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // POSTs a streamed completion; sets *first_token to the time its first token event arrived
+  // and returns the number of token events. Errors: Unavailable on a connection failure,
+  // Internal with the response on a non-200 status.
+  absl::StatusOr<int64_t> Stream(const std::string& model, const std::vector<int64_t>& prompt,
+                                 int64_t max_tokens, double* first_token) {
+    if (fd_ < 0 && !Connect()) return absl::UnavailableError("serve bench: cannot connect");
+    nlohmann::json body = {{"model", model},   {"prompt", prompt},
+                           {"max_tokens", max_tokens}, {"temperature", 0},
+                           {"stream", true},   {"return_token_ids", true}};
+    const std::string b = body.dump();
+    const std::string req = absl::StrCat(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: ",
+        b.size(), "\r\n\r\n", b);
+    for (size_t off = 0; off < req.size();) {
+      ssize_t n = ::send(fd_, req.data() + off, req.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return absl::UnavailableError("serve bench: send failed");
+      off += static_cast<size_t>(n);
+    }
+    std::string buf;
+    char chunk[16384];
+    int64_t tokens = 0;
+    size_t next = 0;  // where the next token mark may start
+    static constexpr char kTokenMark[] = "\"token_ids\":[";
+    static constexpr size_t kMarkLen = sizeof(kTokenMark) - 1;
+    static constexpr char kEnd[] = "data: [DONE]\n\n\r\n0\r\n\r\n";
+    for (;;) {
+      ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);
+      if (n <= 0) return absl::UnavailableError("serve bench: connection closed mid-response");
+      buf.append(chunk, static_cast<size_t>(n));
+      if (!absl::StartsWith(buf, "HTTP/1.1 200") && buf.find("\r\n\r\n") != std::string::npos) {
+        return absl::InternalError(absl::StrCat("serve bench: ", buf.substr(0, 400)));
+      }
+      for (size_t at = buf.find(kTokenMark, next); at != std::string::npos;
+           at = buf.find(kTokenMark, at + 1)) {
+        if (tokens++ == 0) *first_token = NowSeconds();
+        next = at + 1;
+      }
+      next = std::max(next, buf.size() >= kMarkLen ? buf.size() - kMarkLen + 1 : size_t{0});
+      if (absl::EndsWith(buf, kEnd)) return tokens;
+    }
+  }
+
+ private:
+  bool Connect() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return false;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    return true;
+  }
+  int port_;
+  int fd_ = -1;
+};
+
+// The service behind an HTTP endpoint on a loopback ephemeral port (api/openai's routes).
+class Endpoint {
+ public:
+  static absl::StatusOr<std::unique_ptr<Endpoint>> Start(
+      std::shared_ptr<serving::CompletionService> svc, int64_t clients) {
+    http::ServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = 0;
+    so.max_connections = static_cast<int>(clients) + 16;
+    so.max_connections_per_client = static_cast<int>(clients) + 16;
+    so.read_timeout_ms = 600'000;
+    so.write_timeout_ms = 600'000;
+    so.keep_alive_timeout_s = 600;
+    absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(so);
+    if (!server.ok()) return server.status();
+    auto e = std::unique_ptr<Endpoint>(new Endpoint());
+    e->server_ = std::move(*server);
+    absl::Status st = openai::AddCompletionRoutes(std::move(svc), {}, e->server_.get());
+    if (st.ok()) st = e->server_->Bind();
+    if (!st.ok()) return st;
+    e->thread_ = std::thread([s = e->server_.get()] { s->Serve().IgnoreError(); });
+    return e;
+  }
+  ~Endpoint() {
+    server_->Shutdown();
+    thread_.join();
+  }
+  int port() const { return server_->port(); }
+
+ private:
+  Endpoint() = default;
+  std::unique_ptr<http::Server> server_;
+  std::thread thread_;
+};
+
 // `clients` threads, client i naming models[i % models.size()], each running `o.requests`
-// completions one after another.
+// completions one after another: in-process (http_port 0) or through the endpoint on
+// `http_port` (one keep-alive connection per client).
 absl::StatusOr<RunFigures> RunClients(serving::CompletionService& svc, const Options& o,
                                       int64_t clients, const std::vector<std::string>& models,
-                                      uint64_t prompt_seed) {
+                                      uint64_t prompt_seed, int http_port = 0) {
   RunFigures f;
   std::mutex mu;
   absl::Status first_error;
@@ -95,6 +219,8 @@ absl::StatusOr<RunFigures> RunClients(serving::CompletionService& svc, const Opt
   for (int64_t c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
       std::mt19937_64 rng(prompt_seed * 1000003 + static_cast<uint64_t>(c));
+      std::unique_ptr<HttpClient> http;
+      if (http_port != 0) http = std::make_unique<HttpClient>(http_port);
       for (int64_t r = 0; r < o.requests; ++r) {
         serving::CompletionRequest req;
         req.model = models[static_cast<size_t>(c) % models.size()];
@@ -104,6 +230,22 @@ absl::StatusOr<RunFigures> RunClients(serving::CompletionService& svc, const Opt
         }
         req.max_tokens = o.tokens;
         req.temperature = 0;
+        if (http != nullptr) {
+          const double start = NowSeconds();
+          double first = start;
+          absl::StatusOr<int64_t> n = http->Stream(
+              req.model.empty() ? svc.base_name() : req.model, req.prompt, o.tokens, &first);
+          const double end = NowSeconds();
+          std::lock_guard<std::mutex> lock(mu);
+          if (!n.ok()) {
+            if (first_error.ok()) first_error = n.status();
+            return;
+          }
+          tokens += *n;
+          f.ttft_ms.push_back((first - start) * 1e3);
+          f.latency_ms.push_back((end - start) * 1e3);
+          continue;
+        }
         const double start = NowSeconds();
         auto first = std::make_shared<std::atomic<double>>(0.0);
         req.on_token = [first](const serving::TokenEvent&) {
@@ -136,10 +278,10 @@ absl::StatusOr<RunFigures> RunClients(serving::CompletionService& svc, const Opt
 }
 
 nlohmann::json Line(const Options& o, const std::string& name, int64_t clients, int64_t adapters,
-                    const RunFigures& f) {
+                    const RunFigures& f, bool http = false) {
   return {{"bench", "serve"},
-          {"case", name},
-          {"path", "in_process"},
+          {"case", http ? name + "_http" : name},
+          {"path", http ? "http" : "in_process"},
           {"clients", clients},
           {"adapters", adapters},
           {"requests_per_client", o.requests},
@@ -203,7 +345,7 @@ absl::StatusOr<Setup> MakeSetup(const Options& o, const std::string& dir, int64_
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<serving::CompletionService>> NewService(
+absl::StatusOr<std::shared_ptr<serving::CompletionService>> NewService(
     const Options& o, const Setup& s, int64_t clients, uint64_t arena_bytes, uint64_t page_bytes,
     int64_t adapters) {
   serving::ServiceOptions so;
@@ -217,7 +359,10 @@ absl::StatusOr<std::unique_ptr<serving::CompletionService>> NewService(
       (s.adapter_bytes + (1 << 20)) * static_cast<uint64_t>(adapters) + (uint64_t{64} << 20);
   so.device_arena_bytes = arena_bytes;
   so.device_page_bytes = page_bytes;
-  return serving::CompletionService::Create(so, s.store.get());
+  absl::StatusOr<std::unique_ptr<serving::CompletionService>> svc =
+      serving::CompletionService::Create(so, s.store.get());
+  if (!svc.ok()) return svc.status();
+  return std::shared_ptr<serving::CompletionService>(std::move(*svc));
 }
 
 std::vector<std::string> Models(int64_t adapters) {
@@ -228,9 +373,12 @@ std::vector<std::string> Models(int64_t adapters) {
 }
 
 absl::Status RunThroughput(const Options& o, const Setup& s) {
-  absl::StatusOr<std::unique_ptr<serving::CompletionService>> svc = NewService(
+  absl::StatusOr<std::shared_ptr<serving::CompletionService>> svc = NewService(
       o, s, o.clients, (s.adapter_bytes + (1 << 20)) * o.clients + (64 << 20), 64 << 10, o.clients);
   if (!svc.ok()) return svc.status();
+  absl::StatusOr<std::unique_ptr<Endpoint>> endpoint = Endpoint::Start(*svc, o.clients);
+  if (!endpoint.ok()) return endpoint.status();
+  const int port = (*endpoint)->port();
   // Warm-up: every adapter into the tiers once, so both cases measure steady serving.
   Progress("serve throughput: warm-up");
   absl::StatusOr<RunFigures> warm = RunClients(**svc, o, o.clients, Models(o.clients), 1);
@@ -241,11 +389,28 @@ absl::Status RunThroughput(const Options& o, const Setup& s) {
   Progress(absl::StrCat("serve throughput: ", o.clients, " clients, distinct adapters"));
   absl::StatusOr<RunFigures> distinct = RunClients(**svc, o, o.clients, Models(o.clients), 3);
   if (!distinct.ok()) return distinct.status();
+  Progress(absl::StrCat("serve throughput: ", o.clients, " HTTP clients on the base"));
+  absl::StatusOr<RunFigures> base_http = RunClients(**svc, o, o.clients, Models(0), 2, port);
+  if (!base_http.ok()) return base_http.status();
+  Progress(absl::StrCat("serve throughput: ", o.clients, " HTTP clients, distinct adapters"));
+  absl::StatusOr<RunFigures> distinct_http =
+      RunClients(**svc, o, o.clients, Models(o.clients), 3, port);
+  if (!distinct_http.ok()) return distinct_http.status();
   Emit(Line(o, "base", o.clients, 0, *base));
   Emit(Line(o, "distinct", o.clients, o.clients, *distinct));
+  Emit(Line(o, "base", o.clients, 0, *base_http, true));
+  Emit(Line(o, "distinct", o.clients, o.clients, *distinct_http, true));
   const double ratio = Ratio(distinct->tokens_per_s(), base->tokens_per_s());
   EmitGoal("serve", absl::StrCat("distinct_", o.clients, "_vs_base_tokens_per_s"), ratio, ">= 0.6",
            ratio >= 0.6);
+  const double http_ratio = Ratio(distinct_http->tokens_per_s(), base_http->tokens_per_s());
+  EmitGoal("serve", absl::StrCat("http_distinct_", o.clients, "_vs_base_tokens_per_s"),
+           http_ratio, ">= 0.6", http_ratio >= 0.6);
+  // The endpoint's overhead: the same base clients (same prompts, batch and tokens) through
+  // HTTP versus in-process.
+  const double overhead = Ratio(base_http->tokens_per_s(), base->tokens_per_s());
+  EmitGoal("serve", absl::StrCat("http_vs_in_process_", o.clients, "_tokens_per_s"), overhead,
+           ">= 0.9", overhead >= 0.9);
   return absl::OkStatus();
 }
 
@@ -260,12 +425,14 @@ absl::Status RunCliff(const Options& o, const Setup& s) {
     return absl::InvalidArgumentError("serve cliff: adapters too small to size the arena exactly");
   }
   const uint64_t arena = per_adapter * kPage * static_cast<uint64_t>(o.slots);
-  std::vector<double> p50, p99;
+  std::vector<double> p50, p99, http_p50, http_p99;
   for (int64_t mult : {1, 2, 4}) {
     const int64_t adapters = o.slots * mult;
-    absl::StatusOr<std::unique_ptr<serving::CompletionService>> svc =
+    absl::StatusOr<std::shared_ptr<serving::CompletionService>> svc =
         NewService(o, s, o.cliff_clients, arena, kPage, adapters);
     if (!svc.ok()) return svc.status();
+    absl::StatusOr<std::unique_ptr<Endpoint>> endpoint = Endpoint::Start(*svc, o.cliff_clients);
+    if (!endpoint.ok()) return endpoint.status();
     Progress(absl::StrCat("serve cliff: ", adapters, " adapters in ", o.slots, " slots, warm-up"));
     absl::StatusOr<RunFigures> warm = RunClients(**svc, o, adapters, Models(adapters), 10);
     if (!warm.ok()) return warm.status();
@@ -280,10 +447,24 @@ absl::Status RunCliff(const Options& o, const Setup& s) {
     Emit(line);
     p50.push_back(Quantile(f->ttft_ms, 0.5));
     p99.push_back(Quantile(f->ttft_ms, 0.99));
+    absl::StatusOr<RunFigures> h = RunClients(**svc, o, o.cliff_clients, Models(adapters),
+                                              21 + static_cast<uint64_t>(mult),
+                                              (*endpoint)->port());
+    if (!h.ok()) return h.status();
+    nlohmann::json hline =
+        Line(o, absl::StrCat("cliff_", mult, "x"), o.cliff_clients, adapters, *h, true);
+    hline["slots"] = o.slots;
+    hline["arena_bytes"] = arena;
+    Emit(hline);
+    http_p50.push_back(Quantile(h->ttft_ms, 0.5));
+    http_p99.push_back(Quantile(h->ttft_ms, 0.99));
   }
   const double r50 = Ratio(p50[2], p50[0]), r99 = Ratio(p99[2], p99[0]);
   EmitGoal("serve", "ttft_p50_4x_slots_vs_1x", r50, "<= 3", r50 <= 3);
   EmitGoal("serve", "ttft_p99_4x_slots_vs_1x", r99, "<= 3", r99 <= 3);
+  const double h50 = Ratio(http_p50[2], http_p50[0]), h99 = Ratio(http_p99[2], http_p99[0]);
+  EmitGoal("serve", "http_ttft_p50_4x_slots_vs_1x", h50, "<= 3", h50 <= 3);
+  EmitGoal("serve", "http_ttft_p99_4x_slots_vs_1x", h99, "<= 3", h99 <= 3);
   return absl::OkStatus();
 }
 
@@ -316,9 +497,9 @@ absl::Status Run(const std::vector<std::string>& args) {
 }
 
 LORADB_REGISTER_SCENARIO({"serve",
-                          "in-process serving through CompletionService: distinct adapters vs "
-                          "base tokens/s (throughput) | TTFT at 1x/2x/4x adapters per device slot "
-                          "(cliff) | all",
+                          "serving through CompletionService, in-process and through the HTTP "
+                          "endpoint: distinct adapters vs base tokens/s and HTTP overhead "
+                          "(throughput) | TTFT at 1x/2x/4x adapters per device slot (cliff) | all",
                           Run,
                           {"all", "--clients=64", "--cliff-clients=32", "--slots=8", "--requests=2",
                            "--tokens=16"}});
@@ -326,4 +507,4 @@ LORADB_REGISTER_SCENARIO({"serve",
 }  // namespace
 }  // namespace loradb::bench
 
-#endif  // LORADB_COMPUTE_AVAILABLE
+#endif  // LORADB_COMPUTE_AVAILABLE && LORADB_OPENAI_AVAILABLE

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "api/http/reply_stream.h"
 
 namespace loradb::http {
 namespace {
@@ -136,6 +137,11 @@ struct EventServer::Conn {
   size_t out_off = 0;
   size_t lingered = 0;
   std::unique_ptr<RequestParser> parser;  // the request being received; null between requests
+  // The reply being produced by another thread (busy until it ends), and how its response goes
+  // out once a deferred reply arrives.
+  std::shared_ptr<ReplyStream> stream;
+  bool stream_head = false;
+  bool stream_close = false;
   int64_t last_progress_ms = 0;
   int64_t head_deadline_ms = 0;  // the current head (or the first one, from the accept)
   int64_t body_deadline_ms = 0;  // 0: not receiving a body
@@ -148,9 +154,27 @@ struct EventServer::Conn {
   size_t slot = 0;
 };
 
+// Where streams tell a loop that they have something to write: shared with the streams' wake
+// functions, which may outlive the loop (a producer thread holding its stream), so writes to the
+// eventfd stop under the lock once the loop is gone.
+struct EventServer::Mailbox {
+  std::mutex mu;
+  int wake_fd = -1;  // -1 once the loop is gone
+  std::vector<std::pair<int, uint64_t>> ready;  // (fd, connection id)
+  void Post(int fd, uint64_t conn_id) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (wake_fd < 0) return;
+    ready.emplace_back(fd, conn_id);
+    uint64_t one = 1;
+    ssize_t n = ::write(wake_fd, &one, sizeof(one));
+    (void)n;
+  }
+};
+
 struct EventServer::Loop {
   int epoll_fd = -1;
   int wake_fd = -1;
+  std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
   bool listening = false;
   int64_t listen_paused_until_ms = 0;  // out of file descriptors: accept again after this
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
@@ -204,7 +228,14 @@ EventServer::EventServer(EventServerOptions options, HttpMetrics* metrics, Reque
 
 EventServer::~EventServer() {
   for (auto& loop : loops_) {
-    for (auto& [fd, c] : loop->conns) ::close(fd);
+    {
+      std::lock_guard<std::mutex> lock(loop->mailbox->mu);
+      loop->mailbox->wake_fd = -1;
+    }
+    for (auto& [fd, c] : loop->conns) {
+      if (c->stream != nullptr) c->stream->Cancel();
+      ::close(fd);
+    }
     if (loop->epoll_fd >= 0) ::close(loop->epoll_fd);
     if (loop->wake_fd >= 0) ::close(loop->wake_fd);
   }
@@ -262,6 +293,7 @@ absl::StatusOr<std::unique_ptr<EventServer>> EventServer::Bind(const std::string
     auto loop = std::make_unique<Loop>();
     loop->epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
     loop->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    loop->mailbox->wake_fd = loop->wake_fd;
     if (loop->epoll_fd < 0 || loop->wake_fd < 0) {
       s->loops_.push_back(std::move(loop));
       return absl::InternalError("epoll/eventfd creation failed");
@@ -347,16 +379,80 @@ void EventServer::Complete(Loop* loop) {
     done.swap(loop->done);
     evictions.swap(loop->evictions);
   }
+  std::vector<std::pair<int, uint64_t>> ready;
+  {
+    std::lock_guard<std::mutex> lock(loop->mailbox->mu);
+    ready.swap(loop->mailbox->ready);
+  }
   for (const Loop::Eviction& e : evictions) Evict(loop, e.fd, e.conn_id);
   for (Loop::Done& d : done) {
     auto it = loop->conns.find(d.fd);
-    if (it == loop->conns.end() || it->second->id != d.conn_id) continue;  // closed meanwhile
+    if (it == loop->conns.end() || it->second->id != d.conn_id) {
+      // Closed meanwhile: a reply still being produced is not wanted any more.
+      if (d.reply.stream != nullptr) d.reply.stream->Cancel();
+      continue;
+    }
     Conn* c = it->second.get();
     c->busy = false;
     c->last_progress_ms = NowMs();
-    Respond(c, d.reply, d.head, d.close || draining_.load());
-    if (!Flush(loop, c, /*then_process=*/true)) continue;
+    Answer(loop, c, d.reply, d.head, d.close || draining_.load(), /*then_process=*/true);
   }
+  for (const auto& [fd, id] : ready) {
+    auto it = loop->conns.find(fd);
+    if (it == loop->conns.end() || it->second->id != id || it->second->stream == nullptr) continue;
+    Pump(loop, it->second.get());
+  }
+}
+
+bool EventServer::Answer(Loop* loop, Conn* c, const Reply& reply, bool head, bool close,
+                         bool then_process) {
+  if (reply.stream == nullptr) {
+    Respond(c, reply, head, close);
+    return Flush(loop, c, then_process);
+  }
+  // Produced over time: the connection stays busy until the stream ends (Pump).
+  c->busy = true;
+  c->stream = reply.stream;
+  c->stream_head = head;
+  c->stream_close = close;
+  std::shared_ptr<Mailbox> mailbox = loop->mailbox;
+  const int fd = c->fd;
+  const uint64_t id = c->id;
+  bool ok = true;
+  if (!reply.stream->deferred()) {
+    Respond(c, reply, head, close);
+    ok = Flush(loop, c, /*then_process=*/false);
+  }
+  // Attach may call the wake function at once; Pump then runs from the next Complete.
+  if (ok) reply.stream->Attach([mailbox, fd, id] { mailbox->Post(fd, id); });
+  return ok;
+}
+
+void EventServer::Pump(Loop* loop, Conn* c) {
+  ReplyStream::Taken t = c->stream->Take();
+  if (c->stream->deferred()) {
+    if (!t.answer.has_value()) return;
+    c->stream.reset();
+    c->busy = false;
+    c->last_progress_ms = NowMs();
+    Respond(c, *t.answer, c->stream_head, c->stream_close || draining_.load());
+    Flush(loop, c, /*then_process=*/true);
+    return;
+  }
+  if (c->out_off >= c->out.size()) {
+    c->out.clear();
+    c->out_off = 0;
+    c->last_progress_ms = NowMs();  // the write timeout counts from when there is data to send
+  }
+  if (!t.data.empty() && !c->stream_head) {
+    absl::StrAppend(&c->out, absl::Hex(t.data.size()), "\r\n", t.data, "\r\n");
+  }
+  if (t.ended) {
+    if (!c->stream_head) c->out.append("0\r\n\r\n");
+    c->stream.reset();
+    c->busy = false;
+  }
+  Flush(loop, c, /*then_process=*/true);
 }
 
 void EventServer::Drain(std::chrono::steady_clock::time_point deadline) {
@@ -565,6 +661,8 @@ void EventServer::SetPhase(Conn* c, int phase, int64_t since_ms) {
 }
 
 void EventServer::Close(Loop* loop, Conn* c) {
+  // A reply still being produced: the client is gone, so its producer is told to stop.
+  if (c->stream != nullptr) c->stream->Cancel();
   ::epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
   ::close(c->fd);
   if (c->rejecting) {
@@ -642,6 +740,11 @@ void EventServer::OnEvent(Loop* loop, Conn* c, uint32_t events) {
       return;
     }
   }
+  if (c->peer_closed && c->stream != nullptr) {
+    // The client went away while its reply is being produced: cancelled, not finished.
+    Close(loop, c);
+    return;
+  }
   if (c->peer_closed && !c->busy && c->out_off >= c->out.size()) Close(loop, c);
 }
 
@@ -660,6 +763,7 @@ bool EventServer::Flush(Loop* loop, Conn* c, bool then_process) {
   }
   c->out.clear();
   c->out_off = 0;
+  if (c->stream != nullptr) return true;  // more of a streamed reply to come
   if (c->close_after_write || (c->evict_pending && !c->busy)) {
     if (c->lingering && !c->peer_closed) {
       // Half-close so the client sees the response end; drop its input until it closes.
@@ -695,14 +799,19 @@ void EventServer::Respond(Conn* c, const Reply& reply, bool head, bool close) {
   std::string& out = c->out;
   absl::StrAppend(&out, "HTTP/1.1 ", reply.status, " ", Reason(reply.status), "\r\n");
   absl::StrAppend(&out, "Content-Type: ", reply.content_type, "\r\n");
-  absl::StrAppend(&out, "Content-Length: ", reply.body.size(), "\r\n");
+  const bool streamed = reply.stream != nullptr && !reply.stream->deferred();
+  if (streamed) {
+    absl::StrAppend(&out, "Transfer-Encoding: chunked\r\n");
+  } else {
+    absl::StrAppend(&out, "Content-Length: ", reply.body.size(), "\r\n");
+  }
   for (const auto& [k, v] : reply.headers) {
     if (absl::EqualsIgnoreCase(k, "Connection")) continue;
     absl::StrAppend(&out, k, ": ", v, "\r\n");
   }
   absl::StrAppend(&out, "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n");
   absl::StrAppend(&out, close ? "Connection: close\r\n\r\n" : "Connection: keep-alive\r\n\r\n");
-  if (!head) out.append(reply.body);
+  if (!head && !streamed) out.append(reply.body);
   c->close_after_write = close;
 }
 
@@ -786,8 +895,7 @@ bool EventServer::Process(Loop* loop, Conn* c) {
     } else {
       reply = handler_(req);
     }
-    Respond(c, reply, head_only, close);
-    if (!Flush(loop, c, /*then_process=*/false)) return false;
+    if (!Answer(loop, c, reply, head_only, close, /*then_process=*/false)) return false;
     // Out in full: the loop takes the next pipelined request; else EPOLLOUT continues.
   }
   return true;
@@ -798,7 +906,15 @@ void EventServer::CheckDeadlines(Loop* loop) {
   std::vector<Conn*> expired;    // closed without a response
   std::vector<Conn*> timed_out;  // a head or body past its deadline: 408, then closed
   for (auto& [fd, c] : loop->conns) {
-    if (c->busy) continue;  // its handler is running: the request is not the client's to finish
+    if (c->busy) {
+      // Its handler or producer is running: the request is not the client's to finish, but a
+      // streamed reply the client does not read is closed after the write timeout.
+      if (c->stream != nullptr && c->out_off < c->out.size() &&
+          now - c->last_progress_ms >= options_.write_timeout_ms) {
+        expired.push_back(c.get());
+      }
+      continue;
+    }
     if (c->lingering && c->out_off >= c->out.size()) {
       if (now >= c->linger_deadline_ms) expired.push_back(c.get());
       continue;

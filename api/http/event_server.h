@@ -38,6 +38,14 @@
 // request (such rejected connections are bounded too: past another max_connections, closed at
 // once).
 //
+// Replies produced over time (reply_stream.h): a handler may return a Reply with a stream; the
+// loop writes its head and then each chunk as the producer sends it (or, deferred, the whole
+// reply when it arrives), keeping the connection active meanwhile. While the producer is silent
+// no timeout applies; a chunk the client does not read for write_timeout_ms closes the
+// connection. When the connection closes before the stream ends (the client closed or reset it,
+// the write timeout, the drain deadline), the stream is cancelled, which runs its producer's
+// cancel function.
+//
 // Drain (graceful shutdown): stop accepting, close idle keep-alive connections, let requests
 // already started (their first byte arrived before the drain began) finish, their responses
 // saying Connection: close; a request that starts after the drain began gets 503. Run returns
@@ -118,6 +126,7 @@ class EventServer {
  private:
   struct Loop;
   struct Conn;
+  struct Mailbox;
   EventServer(EventServerOptions options, HttpMetrics* metrics, RequestHandler handler);
   void LoopMain(Loop* loop);
   void Accept(Loop* loop);
@@ -128,6 +137,12 @@ class EventServer {
   // write goes on to the next buffered request.
   bool Flush(Loop* loop, Conn* c, bool then_process);
   void Respond(Conn* c, const Reply& reply, bool head, bool close);
+  // Writes `reply`, or for a reply with a stream (reply_stream.h) its head (streamed kind) and
+  // attaches the stream so Pump writes the rest as it arrives; false when `c` was closed.
+  bool Answer(Loop* loop, Conn* c, const Reply& reply, bool head, bool close, bool then_process);
+  // Writes what `c`'s stream produced since the last call (chunks, the last chunk, or the
+  // deferred reply); the connection takes its next request once the stream has ended.
+  void Pump(Loop* loop, Conn* c);
   // Answers `reply` and closes lingering; false when `c` was closed.
   bool FailAndLinger(Loop* loop, Conn* c, const Reply& reply);
   void Close(Loop* loop, Conn* c);

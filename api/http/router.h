@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -19,6 +20,8 @@
 #include "absl/strings/string_view.h"
 
 namespace loradb::http {
+
+class ReplyStream;  // reply_stream.h
 
 // One request as a handler sees it. Path parameters are percent-decoded and validated (valid
 // UTF-8, no NUL, not "." or ".."); query values are decoded by the HTTP library.
@@ -42,6 +45,9 @@ struct Reply {
   std::string content_type = "application/json";
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;
+  // Set: the body (streamed) or the whole reply (deferred) comes later from another thread;
+  // see reply_stream.h. `body` is then unused.
+  std::shared_ptr<ReplyStream> stream;
 
   // A JSON reply; strings that are not valid UTF-8 are replaced, never thrown on.
   static Reply Json(const nlohmann::json& j, int status = 200);
@@ -63,6 +69,10 @@ struct Route {
   // A GET that may block in file I/O (e.g. reads a blob): the event-loop engine answers it on
   // its blocking-read pool instead of the loop thread (see MayBlock).
   bool blocking = false;
+  // Needs the bearer token exactly when the server has one, whatever the method (the serving
+  // routes: open on a loopback listener without --token-file, like reads; with a token every
+  // call needs it, as the OpenAI SDK sends its api_key).
+  bool auth_if_token = false;
 };
 
 // Builds a Route (aggregate initialisation would need every field spelled out).

@@ -242,7 +242,9 @@ Reply Server::Dispatch(const std::string& method, const std::string& target,
   }
   *route_out = match->route->pattern;
   bool needs_auth =
-      IsMutating(method) || (options_.auth_reads && match->route->pattern != "/healthz");
+      match->route->auth_if_token
+          ? !options_.token.empty()
+          : IsMutating(method) || (options_.auth_reads && match->route->pattern != "/healthz");
   if (needs_auth) {
     if (options_.token.empty()) {
       return ErrorReply(401, "unauthenticated",

@@ -3,7 +3,8 @@
 // chunked 411, malformed and ambiguous heads 400 as RFC 9112 asks), the connection budget
 // (evicting idle and trickling connections, 503 when all are busy, the per-client cap), the
 // head and body deadlines, the read timeout for silent clients, and the drain finishing a
-// request that was half received when shutdown began.
+// request that was half received when shutdown began; replies produced over time by another
+// thread (streamed in chunks or deferred), cancelled when the client goes away.
 #include "api/http/event_server.h"
 
 #include <arpa/inet.h>
@@ -18,12 +19,14 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "api/http/reply_stream.h"
 #include "api/http/server.h"
 
 namespace loradb::http {
@@ -75,6 +78,26 @@ class EventServerTest : public ::testing::Test {
                            {});
     slow.blocking = true;
     ASSERT_TRUE(server_->router()->Add(std::move(slow)).ok());
+    // Replies produced by the test thread: /stream/streamed and /stream/deferred hand their
+    // ReplyStream to the test (streams_) and return at once.
+    ASSERT_TRUE(server_->router()
+                    ->Add(MakeRoute("POST", "/stream/{kind}",
+                                    [this](const Call& c) -> absl::StatusOr<Reply> {
+                                      Reply r;
+                                      r.content_type = "text/event-stream";
+                                      r.stream = c.Param("kind") == "deferred"
+                                                     ? ReplyStream::Deferred()
+                                                     : ReplyStream::Streamed();
+                                      auto cancelled = std::make_shared<std::promise<void>>();
+                                      r.stream->OnCancel([cancelled] { cancelled->set_value(); });
+                                      {
+                                        std::lock_guard<std::mutex> lock(streams_mu_);
+                                        streams_.push_back({r.stream, cancelled->get_future()});
+                                      }
+                                      return r;
+                                    },
+                                    {}))
+                    .ok());
     ASSERT_TRUE(server_->Bind().ok());
     thread_ = std::thread([this] { serve_status_ = server_->Serve(); });
   }
@@ -210,10 +233,37 @@ class EventServerTest : public ::testing::Test {
   std::promise<void> slow_release_promise_;
   std::shared_future<void> slow_release_ = slow_release_promise_.get_future().share();
   bool slow_released_ = false;
+  // The n-th stream a /stream call created (waits for it, ordering only).
+  std::shared_ptr<ReplyStream> StreamNumber(size_t n) {
+    for (int i = 0; i < 6000; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(streams_mu_);
+        if (streams_.size() > n) return streams_[n].stream;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return nullptr;
+  }
+  // True when stream n's cancel function ran (waits up to 30 s).
+  bool StreamCancelled(size_t n) {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    return streams_[n].cancelled.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  }
+
+  struct MadeStream {
+    std::shared_ptr<ReplyStream> stream;
+    std::future<void> cancelled;
+  };
+  std::mutex streams_mu_;
+  std::vector<MadeStream> streams_;
   std::unique_ptr<Server> server_;
   std::thread thread_;
   absl::Status serve_status_;
 };
+
+constexpr char kStreamRequest[] =
+    "POST /stream/streamed HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    "Authorization: Bearer test-token-0123456789\r\nContent-Length: 0\r\n\r\n";
 
 // A string literal with its embedded NULs.
 template <size_t N>
@@ -593,6 +643,135 @@ TEST(EventServerQueryTest, DecodesLikeAFormParser) {
   EXPECT_EQ(q.find("c")->second, "");
   EXPECT_EQ(q.find("")->second, "e");
   EXPECT_EQ(DecodeQueryComponent("%2F%2f%"), "//%");
+}
+
+}  // namespace
+}  // namespace loradb::http
+
+namespace loradb::http {
+namespace {
+
+// Reads until `needle` has arrived (or the peer closed / 30 s passed).
+std::string ReadUntil(int fd, const std::string& needle) {
+  std::string buf;
+  char chunk[8192];
+  while (!absl::StrContains(buf, needle)) {
+    ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+    if (n <= 0) break;
+    buf.append(chunk, static_cast<size_t>(n));
+  }
+  return buf;
+}
+
+TEST_F(EventServerTest, AStreamedReplyIsWrittenChunkByChunkThenTheConnectionIsReused) {
+  Start();
+  int fd = Connect();
+  Send(fd, kStreamRequest);
+  std::shared_ptr<ReplyStream> stream = StreamNumber(0);
+  ASSERT_NE(stream, nullptr);
+  std::string r = ReadUntil(fd, "\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200 OK\r\n")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Transfer-Encoding: chunked")) << r;
+  EXPECT_FALSE(absl::StrContains(r, "Content-Length")) << r;
+  // Each Send arrives as its own chunk before the next is produced.
+  EXPECT_TRUE(stream->Send("data: one\n\n"));
+  r = ReadUntil(fd, "data: one\n\n\r\n");
+  EXPECT_TRUE(absl::StrContains(r, "b\r\ndata: one\n\n\r\n")) << r;
+  EXPECT_TRUE(stream->Send(std::string(40000, 'x')));
+  r = ReadUntil(fd, std::string(40000, 'x'));
+  EXPECT_TRUE(absl::StartsWith(r, "9c40\r\n")) << r.substr(0, 20);
+  stream->End();
+  r = ReadUntil(fd, "0\r\n\r\n");
+  EXPECT_TRUE(absl::StrContains(r, "0\r\n\r\n")) << r;
+  stream->Send("late");  // after End: dropped
+  // Keep-alive: the same connection answers the next request, and nothing else came first.
+  Send(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  r = ReadResponses(fd, 1);
+  EXPECT_FALSE(absl::StrContains(r, "late")) << r;
+  EXPECT_TRUE(absl::StartsWith(r, "\r\nHTTP/1.1 200") || absl::StartsWith(r, "HTTP/1.1 200"))
+      << r;
+  ::close(fd);
+  EXPECT_FALSE(stream->cancelled());
+}
+
+TEST_F(EventServerTest, AClientThatClosesMidStreamCancelsIt) {
+  Start();
+  int fd = Connect();
+  Send(fd, kStreamRequest);
+  std::shared_ptr<ReplyStream> stream = StreamNumber(0);
+  ASSERT_NE(stream, nullptr);
+  EXPECT_TRUE(stream->Send("data: one\n\n"));
+  ReadUntil(fd, "data: one");
+  ::close(fd);
+  EXPECT_TRUE(StreamCancelled(0));
+  EXPECT_TRUE(stream->cancelled());
+  EXPECT_FALSE(stream->Send("data: two\n\n"));
+  ExpectHealthz();  // the server goes on
+}
+
+TEST_F(EventServerTest, AStreamTheClientDoesNotReadIsClosedByTheWriteTimeout) {
+  ServerOptions o;
+  o.write_timeout_ms = 300;
+  Start(o);
+  int fd = Connect();
+  int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  Send(fd, kStreamRequest);
+  std::shared_ptr<ReplyStream> stream = StreamNumber(0);
+  ASSERT_NE(stream, nullptr);
+  // More than the socket buffers hold, never read: the write stalls, the timeout closes it.
+  for (int i = 0; i < 64 && stream->Send(std::string(1 << 20, 'x')); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(StreamCancelled(0));
+  ::close(fd);
+}
+
+TEST_F(EventServerTest, ADeferredReplyIsWrittenWholeWhenAnswered) {
+  Start();
+  int fd = Connect();
+  Send(fd,
+       "POST /stream/deferred HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+       "Authorization: Bearer test-token-0123456789\r\nContent-Length: 0\r\n\r\n"
+       "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  std::shared_ptr<ReplyStream> stream = StreamNumber(0);
+  ASSERT_NE(stream, nullptr);
+  EXPECT_TRUE(stream->Send("ignored"));  // a deferred reply has no body chunks
+  stream->Answer(Reply::Json({{"answer", 42}}, 201));
+  // The deferred reply, then the pipelined GET behind it, in order.
+  std::string r = ReadResponses(fd, 2);
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 201 Created\r\n")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Content-Length: 13\r\n")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "{\"answer\":42}HTTP/1.1 200")) << r;
+  ::close(fd);
+  // A second deferred call whose client leaves before the answer: cancelled.
+  fd = Connect();
+  Send(fd,
+       "POST /stream/deferred HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+       "Authorization: Bearer test-token-0123456789\r\nContent-Length: 0\r\n\r\n");
+  ASSERT_NE(StreamNumber(1), nullptr);
+  ::close(fd);
+  EXPECT_TRUE(StreamCancelled(1));
+  EXPECT_FALSE(stream->cancelled());  // answered in full: not cancelled work
+}
+
+TEST_F(EventServerTest, DrainWaitsForAStreamToEnd) {
+  Start();
+  int fd = Connect();
+  Send(fd, kStreamRequest);
+  std::shared_ptr<ReplyStream> stream = StreamNumber(0);
+  ASSERT_NE(stream, nullptr);
+  std::thread shutdown([this] { server_->Shutdown(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // ordering only: drain began
+  EXPECT_TRUE(stream->Send("data: during drain\n\n"));
+  stream->End();
+  std::string r = ReadToClose(fd);
+  EXPECT_TRUE(absl::StrContains(r, "data: during drain")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "0\r\n\r\n")) << r;
+  shutdown.join();
+  thread_.join();
+  server_.reset();
+  ::close(fd);
 }
 
 }  // namespace

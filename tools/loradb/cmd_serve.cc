@@ -1,4 +1,5 @@
-// `loradb serve`: the HTTP admin endpoint (api/http) over the store.
+// `loradb serve`: the HTTP admin endpoint (api/http) over the store; with --model, also the
+// OpenAI-compatible completions on a continuous-batching decoder (api/openai).
 #ifdef LORADB_HTTP_AVAILABLE
 #include <pthread.h>
 #include <signal.h>
@@ -17,6 +18,10 @@
 #include "storage/store/store.h"
 #include "storage/store/store_tiers.h"
 #include "tools/loradb/command.h"
+#ifdef LORADB_OPENAI_AVAILABLE
+#include "api/openai/completion_routes.h"
+#include "compute/serving/completion_service.h"
+#endif
 
 namespace loradb::cli {
 namespace {
@@ -34,7 +39,49 @@ struct ServeArgs {
   uint64_t cpu_budget_bytes = uint64_t{1} << 30;
   std::string device = "none";
   uint64_t arena_bytes = uint64_t{256} << 20;
+  // --model: the base checkpoint the decoder serves, and its serving limits.
+  std::string model;
+  std::string dtype;
+  std::string served_model_name;
+  int64_t max_running = 64;
+  int64_t max_queued = 256;
+  int64_t max_prefill_tokens = 4096;
+  int threads = 0;
 };
+
+// The serving side of the endpoint: with --model, a decoder over the store's adapters and the
+// OpenAI-compatible routes on `server`. `*keep` holds what must live while the server serves.
+absl::Status AttachServing(const ServeArgs& args, const std::shared_ptr<Store>& store,
+                           http::Server* server, std::shared_ptr<void>* keep) {
+  if (args.model.empty()) return absl::OkStatus();
+#ifdef LORADB_OPENAI_AVAILABLE
+  serving::ServiceOptions o;
+  o.model_dir = args.model;
+  o.dtype = args.dtype;
+  o.base_name = args.served_model_name;
+  o.max_running = args.max_running;
+  o.max_queued = args.max_queued;
+  o.max_prefill_tokens = args.max_prefill_tokens;
+  o.lora_threads = args.threads;
+  o.torch_threads = args.threads;
+  absl::StatusOr<std::shared_ptr<serving::CompletionService>> service =
+      openai::AttachModel(std::move(o), store, server);
+  if (!service.ok()) {
+    return absl::Status(service.status().code(), absl::StrCat("--model ", args.model, ": ",
+                                                              service.status().message()));
+  }
+  std::fprintf(stderr, "loradb serve: serving %s as \"%s\" on /v1/completions\n",
+               args.model.c_str(), (*service)->base_name().c_str());
+  *keep = std::move(*service);
+  return absl::OkStatus();
+#else
+  (void)store;
+  (void)server;
+  (void)keep;
+  return absl::FailedPreconditionError(
+      "--model needs a loradb built with LibTorch (this one has no decoder)");
+#endif
+}
 
 absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   // SIGTERM/SIGINT are handled by one thread with sigwait; block them before any other thread
@@ -97,6 +144,9 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   if (!st.ok()) return st;
   st = http::AddTierRoutes(shared_store, server->get());
   if (!st.ok()) return st;
+  std::shared_ptr<void> serving_state;
+  st = AttachServing(args, shared_store, server->get(), &serving_state);
+  if (!st.ok()) return st;
 
   st = (*server)->Bind();
   if (!st.ok()) return st;
@@ -153,6 +203,25 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
   sub->add_option("--device", args->device, "device tier: none, host, cuda or auto")
       ->capture_default_str();
   sub->add_option("--arena-bytes", args->arena_bytes, "device tier arena size")
+      ->capture_default_str();
+  sub->add_option("--model", args->model,
+                  "base checkpoint directory (config.json + safetensors, optional "
+                  "tokenizer.json): also serve /v1/completions and /v1/models on it");
+  sub->add_option("--dtype", args->dtype, "with --model: compute dtype f32 | bf16 | f16");
+  sub->add_option("--served-model-name", args->served_model_name,
+                  "with --model: the name the base answers to (default: the store's base with "
+                  "the model's weights, else the directory name)");
+  sub->add_option("--max-running", args->max_running,
+                  "with --model: sequences decoded together in one step")
+      ->capture_default_str();
+  sub->add_option("--max-queued", args->max_queued,
+                  "with --model: sequences that may wait beyond --max-running (past it: 429)")
+      ->capture_default_str();
+  sub->add_option("--max-prefill-tokens", args->max_prefill_tokens,
+                  "with --model: prompt tokens prefilled in one step")
+      ->capture_default_str();
+  sub->add_option("--threads", args->threads,
+                  "with --model: LibTorch intra-op and LoRA kernel threads (0: LibTorch's default)")
       ->capture_default_str();
   sub->callback([inv, args] { inv->run = [inv, args] { return RunServe(inv->global, *args); }; });
 }
