@@ -29,6 +29,8 @@ struct Call {
   std::multimap<std::string, std::string> query;
   std::string body;
   std::string content_type;
+  std::string content_encoding;  // e.g. "zstd"; empty when absent
+  std::string accept;            // the Accept header; empty when absent
 
   // The path parameter `name` (always present for a matched route).
   const std::string& Param(const std::string& name) const;
@@ -63,6 +65,13 @@ struct Route {
   // A GET that may block in file I/O (e.g. reads a blob): the event-loop engine answers it on
   // its blocking-read pool instead of the loop thread (see MayBlock).
   bool blocking = false;
+  // How the caller proves it holds the server's token. kBearer: `Authorization: Bearer TOKEN`
+  // on mutating calls (and reads with auth_reads); without a token mutating calls are refused.
+  // kApiKey (protocol routes whose clients send `X-API-Key`, such as the Tinker SDK): the key
+  // (or a bearer token) must equal the token on every call when one is configured; without a
+  // token (a loopback listener) any key is accepted.
+  enum class Auth { kBearer, kApiKey };
+  Auth auth = Auth::kBearer;
 };
 
 // Builds a Route (aggregate initialisation would need every field spelled out).

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -17,9 +18,51 @@
 #include "storage/store/store.h"
 #include "storage/tiers/store_tiers.h"
 #include "tools/loradb/command.h"
+#ifdef LORADB_TINKER_AVAILABLE
+#include "api/tinker/tinker_routes.h"
+#endif
 
 namespace loradb::cli {
 namespace {
+
+// ---- `--train`: the Tinker-compatible training and sampling routes (api/tinker) over the base
+// of `--model`.
+struct TrainServeArgs {
+  std::string model;  // base checkpoint directory
+  bool train = false;
+  bool body_limit_given = false;  // --max-body-bytes was set explicitly
+};
+
+void AddTrainServeOptions(CLI::App* sub, TrainServeArgs* a) {
+  sub->add_option("--model", a->model, "base checkpoint directory (config.json + safetensors)");
+  sub->add_flag("--train", a->train,
+                "serve the Tinker training and sampling API (/api/v1/...) on --model's base");
+}
+
+// The SDK sends forward_backward chunks of up to 5 MB: without an explicit --max-body-bytes,
+// --train raises the body limit to 64 MiB.
+void ApplyTrainServeLimits(const TrainServeArgs& a, http::ServerOptions* options) {
+  if (a.train && !a.body_limit_given) {
+    options->max_body_bytes = std::max<size_t>(options->max_body_bytes, size_t{64} << 20);
+  }
+}
+
+absl::Status AddTrainServeRoutes(const TrainServeArgs& a, std::shared_ptr<Store> store,
+                                 http::Server* server) {
+  if (!a.train) return absl::OkStatus();
+#ifdef LORADB_TINKER_AVAILABLE
+  if (a.model.empty()) return absl::InvalidArgumentError("--train needs --model DIR");
+  tinker::TinkerRoutesOptions options;
+  options.model_dir = a.model;
+  return tinker::AddTinkerRoutes(std::move(store), options, server);
+#else
+  (void)store;
+  (void)server;
+  return absl::UnimplementedError(
+      "--train: this loradb was built without the Tinker routes (needs LibTorch, protobuf, zstd)");
+#endif
+}
+// ---- end of `--train`
 
 struct ServeArgs {
   std::string listen = "127.0.0.1:8080";
@@ -34,6 +77,7 @@ struct ServeArgs {
   uint64_t cpu_budget_bytes = uint64_t{1} << 30;
   std::string device = "none";
   uint64_t arena_bytes = uint64_t{256} << 20;
+  TrainServeArgs train;
 };
 
 absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
@@ -65,6 +109,7 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   options.write_timeout_ms = args.read_timeout_ms;
   options.header_timeout_ms = args.header_timeout_ms;
   options.body_timeout_ms = args.body_timeout_ms;
+  ApplyTrainServeLimits(args.train, &options);
   absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(options);
   if (!server.ok()) return server.status();
   tiers::StoreTiersOptions tier_options;
@@ -96,6 +141,8 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   st = http::AddStoreRoutes(shared_store, server->get());
   if (!st.ok()) return st;
   st = http::AddTierRoutes(shared_store, server->get());
+  if (!st.ok()) return st;
+  st = AddTrainServeRoutes(args.train, shared_store, server->get());
   if (!st.ok()) return st;
 
   st = (*server)->Bind();
@@ -129,8 +176,9 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
   sub->add_option("--token-file", args->token_file,
                   "file holding the bearer token for mutating calls (required off loopback)");
   sub->add_flag("--auth-reads", args->auth_reads, "require the token for read calls as well");
-  sub->add_option("--max-body-bytes", args->max_body_bytes, "largest accepted request body")
-      ->capture_default_str();
+  CLI::Option* max_body =
+      sub->add_option("--max-body-bytes", args->max_body_bytes, "largest accepted request body")
+          ->capture_default_str();
   sub->add_option("--max-connections", args->max_connections,
                   "open connections at once; past it an idle or unfinished connection is evicted, "
                   "or the new one gets 503 when all are busy")
@@ -154,7 +202,11 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
       ->capture_default_str();
   sub->add_option("--arena-bytes", args->arena_bytes, "device tier arena size")
       ->capture_default_str();
-  sub->callback([inv, args] { inv->run = [inv, args] { return RunServe(inv->global, *args); }; });
+  AddTrainServeOptions(sub, &args->train);
+  sub->callback([inv, args, max_body] {
+    args->train.body_limit_given = max_body->count() > 0;
+    inv->run = [inv, args] { return RunServe(inv->global, *args); };
+  });
 }
 
 LORADB_REGISTER_COMMAND("serve", "run the HTTP admin endpoint", SetupServe);
