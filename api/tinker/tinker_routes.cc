@@ -675,7 +675,10 @@ absl::StatusOr<Reply> Asample(State* st, const Call& call) {
     st->samples.erase(id);
     return submitted.status();
   }
-  return Reply::Json({{"request_id", id}});
+  // The SDK stamps these ids on the sequences it returns (one per sample, fixed at submission).
+  json sequence_ids = json::array();
+  for (int64_t i = 0; i < n.value_or(1); ++i) sequence_ids.push_back(absl::StrCat(id, ":", i));
+  return Reply::Json({{"request_id", id}, {"sample_sequence_ids", sequence_ids}});
 }
 
 // ---- training calls
