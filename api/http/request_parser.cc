@@ -230,6 +230,9 @@ void RequestParser::CheckHead(absl::string_view head) {
   };
   request_.authorization = first(bhttp::field::authorization);
   request_.content_type = first(bhttp::field::content_type);
+  request_.content_encoding = first(bhttp::field::content_encoding);
+  request_.accept = first(bhttp::field::accept);
+  if (auto key = m.find("X-API-Key"); key != m.end()) request_.api_key = ToString(key->value());
   expect_continue_ = absl::EqualsIgnoreCase(first(bhttp::field::expect), "100-continue");
   keep_alive_ = beast_->parser.keep_alive();
   content_length_ = static_cast<size_t>(beast_->parser.content_length().value_or(0));

@@ -32,7 +32,10 @@ struct HttpRequest {
   std::string target;  // raw path + query, still percent-encoded
   std::string host;    // the one Host value (validated), empty on HTTP/1.0 without one
   std::string authorization;
+  std::string api_key;  // X-API-Key (the Tinker SDK's credential)
   std::string content_type;
+  std::string content_encoding;
+  std::string accept;
   std::multimap<std::string, std::string> query;  // decoded key/value pairs
   std::string body;
 };

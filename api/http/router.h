@@ -32,6 +32,8 @@ struct Call {
   std::multimap<std::string, std::string> query;
   std::string body;
   std::string content_type;
+  std::string content_encoding;  // e.g. "zstd"; empty when absent
+  std::string accept;            // the Accept header; empty when absent
 
   // The path parameter `name` (always present for a matched route).
   const std::string& Param(const std::string& name) const;
@@ -69,10 +71,17 @@ struct Route {
   // A GET that may block in file I/O (e.g. reads a blob): the event-loop engine answers it on
   // its blocking-read pool instead of the loop thread (see MayBlock).
   bool blocking = false;
-  // Needs the bearer token exactly when the server has one, whatever the method (the serving
-  // routes: open on a loopback listener without --token-file, like reads; with a token every
-  // call needs it, as the OpenAI SDK sends its api_key).
-  bool auth_if_token = false;
+  // How the caller proves it holds the server's token:
+  // - kBearer: `Authorization: Bearer TOKEN` on mutating calls (and on reads with auth_reads);
+  //   without a token mutating calls are refused.
+  // - kBearerIfToken (the OpenAI-compatible serving routes): the bearer token on every call,
+  //   whatever the method, exactly when the server has one (the OpenAI SDK sends its api_key
+  //   so); without a token (a loopback listener) the route is open, like reads.
+  // - kApiKey (protocol routes whose clients send `X-API-Key`, such as the Tinker SDK): the key
+  //   (or a bearer token) must equal the token on every call when one is configured; without a
+  //   token any key is accepted.
+  enum class Auth { kBearer, kBearerIfToken, kApiKey };
+  Auth auth = Auth::kBearer;
 };
 
 // Builds a Route (aggregate initialisation would need every field spelled out).

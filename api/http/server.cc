@@ -171,9 +171,7 @@ absl::Status Server::Bind() {
     auto start = std::chrono::steady_clock::now();
     std::string route = "unmatched";
     // HEAD is answered by the GET route (the engine leaves the body out).
-    Reply reply =
-        Dispatch(req.method == "HEAD" ? "GET" : req.method, req.target, req.host, req.authorization,
-                 std::move(req.query), std::move(req.body), std::move(req.content_type), &route);
+    Reply reply = Dispatch(req.method == "HEAD" ? "GET" : req.method, req, &route);
     metrics_.Observe(
         route, req.method, reply.status,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -214,10 +212,10 @@ void Server::Shutdown() {
   impl_->drain_cv.wait(lock, [&] { return !impl_->serving; });
 }
 
-Reply Server::Dispatch(const std::string& method, const std::string& target,
-                       const std::string& host_header, const std::string& authorization,
-                       std::multimap<std::string, std::string> query, std::string body,
-                       std::string content_type, std::string* route_out) {
+Reply Server::Dispatch(const std::string& method, HttpRequest& req, std::string* route_out) {
+  const std::string& target = req.target;
+  const std::string& host_header = req.host;
+  const std::string& authorization = req.authorization;
   struct InFlight {
     Server* s;
     explicit InFlight(Server* server) : s(server) { s->metrics_.in_flight.fetch_add(1); }
@@ -241,10 +239,26 @@ Reply Server::Dispatch(const std::string& method, const std::string& target,
     return ErrorReply(match.status());
   }
   *route_out = match->route->pattern;
+  const bool api_key_auth = match->route->auth == Route::Auth::kApiKey;
   bool needs_auth =
-      match->route->auth_if_token
+      match->route->auth == Route::Auth::kBearerIfToken
           ? !options_.token.empty()
-          : IsMutating(method) || (options_.auth_reads && match->route->pattern != "/healthz");
+          : !api_key_auth && (IsMutating(method) ||
+                              (options_.auth_reads && match->route->pattern != "/healthz"));
+  if (api_key_auth && !options_.token.empty()) {
+    // The key, or else a bearer token, must be the server's token.
+    std::string key = req.api_key;
+    const size_t space = authorization.find(' ');
+    if (key.empty() && space != std::string::npos &&
+        absl::EqualsIgnoreCase(absl::string_view(authorization).substr(0, space), "Bearer")) {
+      const size_t token_start = authorization.find_first_not_of(' ', space);
+      if (token_start != std::string::npos) key = authorization.substr(token_start);
+    }
+    if (key.empty()) return ErrorReply(401, "unauthenticated", "missing API key (X-API-Key)");
+    if (!ConstantTimeEquals(key, options_.token)) {
+      return ErrorReply(403, "permission_denied", "wrong API key");
+    }
+  }
   if (needs_auth) {
     if (options_.token.empty()) {
       return ErrorReply(401, "unauthenticated",
@@ -266,9 +280,11 @@ Reply Server::Dispatch(const std::string& method, const std::string& target,
   call.method = method;
   call.route = match->route->pattern;
   call.params = std::move(match->params);
-  call.query = std::move(query);
-  call.body = std::move(body);
-  call.content_type = std::move(content_type);
+  call.query = std::move(req.query);
+  call.body = std::move(req.body);
+  call.content_type = std::move(req.content_type);
+  call.content_encoding = std::move(req.content_encoding);
+  call.accept = std::move(req.accept);
   for (const auto& [k, v] : call.query) {
     if (!IsValidUtf8(k) || !IsValidUtf8(v)) {
       return ErrorReply(400, "invalid_argument", "query string is not valid UTF-8");

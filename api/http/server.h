@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "api/http/metrics.h"
+#include "api/http/request_parser.h"
 #include "api/http/router.h"
 
 namespace loradb::http {
@@ -96,10 +97,8 @@ class Server {
   explicit Server(ServerOptions options);
   struct Impl;
   absl::Status AddSystemRoutes();
-  Reply Dispatch(const std::string& method, const std::string& target,
-                 const std::string& host_header, const std::string& authorization,
-                 std::multimap<std::string, std::string> query, std::string body,
-                 std::string content_type, std::string* route_out);
+  // Answers `req` as `method` (HEAD is answered by the GET route); `req` is moved from.
+  Reply Dispatch(const std::string& method, HttpRequest& req, std::string* route_out);
 
   ServerOptions options_;
   Router router_;

@@ -800,13 +800,13 @@ absl::Status AddCompletionRoutes(std::shared_ptr<serving::CompletionService> ser
          {"400", http::ResponseSpec("invalid request", ErrorSchema())},
          {"404", http::ResponseSpec("unknown model", ErrorSchema())},
          {"429", http::ResponseSpec("queue full; see Retry-After", ErrorSchema())}}}});
-  completions.auth_if_token = true;
+  completions.auth = http::Route::Auth::kBearerIfToken;
   LORADB_RETURN_IF_ERROR(router->Add(std::move(completions)));
   http::Route models = http::MakeRoute(
       "GET", "/v1/models", [routes](const http::Call& call) { return routes->Models(call); },
       http::Operation("Servable models: the base and every policy alias (OpenAI list shape)",
                       "openai", {{"200", http::ResponseSpec("the models", {{"type", "object"}})}}));
-  models.auth_if_token = true;
+  models.auth = http::Route::Auth::kBearerIfToken;
   LORADB_RETURN_IF_ERROR(router->Add(std::move(models)));
   http::Route stats = http::MakeRoute(
       "GET", "/v1/serving/stats",
@@ -817,7 +817,7 @@ absl::Status AddCompletionRoutes(std::shared_ptr<serving::CompletionService> ser
                       "leases, steps)",
                       "openai",
                       {{"200", http::ResponseSpec("the counters", {{"type", "object"}})}}));
-  stats.auth_if_token = true;
+  stats.auth = http::Route::Auth::kBearerIfToken;
   LORADB_RETURN_IF_ERROR(router->Add(std::move(stats)));
   server->AddMetricsSource([routes](std::string* out) {
     const json s = routes->StatsJson();

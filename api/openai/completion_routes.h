@@ -8,7 +8,7 @@
 // server-sent event per generated token as the driver thread produces it, and a non-streamed one
 // is answered when it finishes, neither holding an HTTP thread meanwhile (reply_stream.h). A
 // client that disconnects cancels its request. The routes need the bearer token exactly when the
-// server has one (Route::auth_if_token).
+// server has one (Route::Auth::kBearerIfToken).
 //
 // Built only with LibTorch (the library `loradb_openai`); the header itself is LibTorch-free.
 #ifndef LORADB_API_OPENAI_COMPLETION_ROUTES_H_

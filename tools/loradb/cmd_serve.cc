@@ -1,10 +1,12 @@
 // `loradb serve`: the HTTP admin endpoint (api/http) over the store; with --model, also the
-// OpenAI-compatible completions on a continuous-batching decoder (api/openai).
+// OpenAI-compatible completions on a continuous-batching decoder (api/openai); with --model and
+// --train, also the Tinker-compatible training and sampling API (api/tinker).
 #ifdef LORADB_HTTP_AVAILABLE
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -22,9 +24,50 @@
 #include "api/openai/completion_routes.h"
 #include "compute/serving/completion_service.h"
 #endif
+#ifdef LORADB_TINKER_AVAILABLE
+#include "api/tinker/tinker_routes.h"
+#endif
 
 namespace loradb::cli {
 namespace {
+
+// ---- `--train`: the Tinker-compatible training and sampling routes (api/tinker) over the base
+// of `--model`.
+struct TrainServeArgs {
+  bool train = false;
+  bool body_limit_given = false;  // --max-body-bytes was set explicitly
+};
+
+void AddTrainServeOptions(CLI::App* sub, TrainServeArgs* a) {
+  sub->add_flag("--train", a->train,
+                "also serve the Tinker training and sampling API (/api/v1/...) on --model's base");
+}
+
+// The SDK sends forward_backward chunks of up to 5 MB: without an explicit --max-body-bytes,
+// --train raises the body limit to 64 MiB.
+void ApplyTrainServeLimits(const TrainServeArgs& a, http::ServerOptions* options) {
+  if (a.train && !a.body_limit_given) {
+    options->max_body_bytes = std::max<size_t>(options->max_body_bytes, size_t{64} << 20);
+  }
+}
+
+absl::Status AddTrainServeRoutes(const TrainServeArgs& a, const std::string& model,
+                                 std::shared_ptr<Store> store, http::Server* server) {
+  if (!a.train) return absl::OkStatus();
+#ifdef LORADB_TINKER_AVAILABLE
+  if (model.empty()) return absl::InvalidArgumentError("--train needs --model DIR");
+  tinker::TinkerRoutesOptions options;
+  options.model_dir = model;
+  return tinker::AddTinkerRoutes(std::move(store), options, server);
+#else
+  (void)model;
+  (void)store;
+  (void)server;
+  return absl::UnimplementedError(
+      "--train: this loradb was built without the Tinker routes (needs LibTorch, protobuf, zstd)");
+#endif
+}
+// ---- end of `--train`
 
 struct ServeArgs {
   std::string listen = "127.0.0.1:8080";
@@ -47,6 +90,7 @@ struct ServeArgs {
   int64_t max_queued = 256;
   int64_t max_prefill_tokens = 4096;
   int threads = 0;
+  TrainServeArgs train;
 };
 
 // The serving side of the endpoint: with --model, a decoder over the store's adapters and the
@@ -112,6 +156,7 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   options.write_timeout_ms = args.read_timeout_ms;
   options.header_timeout_ms = args.header_timeout_ms;
   options.body_timeout_ms = args.body_timeout_ms;
+  ApplyTrainServeLimits(args.train, &options);
   absl::StatusOr<std::unique_ptr<http::Server>> server = http::Server::Create(options);
   if (!server.ok()) return server.status();
   tiers::StoreTiersOptions tier_options;
@@ -147,6 +192,8 @@ absl::Status RunServe(const GlobalOptions& global, const ServeArgs& args) {
   std::shared_ptr<void> serving_state;
   st = AttachServing(args, shared_store, server->get(), &serving_state);
   if (!st.ok()) return st;
+  st = AddTrainServeRoutes(args.train, args.model, shared_store, server->get());
+  if (!st.ok()) return st;
 
   st = (*server)->Bind();
   if (!st.ok()) return st;
@@ -179,8 +226,9 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
   sub->add_option("--token-file", args->token_file,
                   "file holding the bearer token for mutating calls (required off loopback)");
   sub->add_flag("--auth-reads", args->auth_reads, "require the token for read calls as well");
-  sub->add_option("--max-body-bytes", args->max_body_bytes, "largest accepted request body")
-      ->capture_default_str();
+  CLI::Option* max_body =
+      sub->add_option("--max-body-bytes", args->max_body_bytes, "largest accepted request body")
+          ->capture_default_str();
   sub->add_option("--max-connections", args->max_connections,
                   "open connections at once; past it an idle or unfinished connection is evicted, "
                   "or the new one gets 503 when all are busy")
@@ -223,10 +271,16 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
   sub->add_option("--threads", args->threads,
                   "with --model: LibTorch intra-op and LoRA kernel threads (0: LibTorch's default)")
       ->capture_default_str();
-  sub->callback([inv, args] { inv->run = [inv, args] { return RunServe(inv->global, *args); }; });
+  AddTrainServeOptions(sub, &args->train);
+  sub->callback([inv, args, max_body] {
+    args->train.body_limit_given = max_body->count() > 0;
+    inv->run = [inv, args] { return RunServe(inv->global, *args); };
+  });
 }
 
-LORADB_REGISTER_COMMAND("serve", "run the HTTP admin endpoint", SetupServe);
+LORADB_REGISTER_COMMAND("serve",
+                        "run the HTTP endpoint (admin; --model: completions; --train: Tinker)",
+                        SetupServe);
 
 }  // namespace
 }  // namespace loradb::cli
