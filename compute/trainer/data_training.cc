@@ -73,7 +73,8 @@ class DatasetTask final : public Task {
       j["completion_ids"] = *r.completion;
       if (o_.decode) {
         // null where an id has no token: a base's vocabulary may be larger than its tokenizer's.
-        for (const auto& [key, ids] : {std::pair{"prompt", r.prompt}, {"completion", r.completion}}) {
+        for (const auto& [key, ids] :
+             {std::pair{"prompt", r.prompt}, {"completion", r.completion}}) {
           absl::StatusOr<std::string> text = o_.decode(*ids);
           j[key] = text.ok() ? nlohmann::json(*text) : nlohmann::json(nullptr);
         }
@@ -187,8 +188,8 @@ class DatasetTask final : public Task {
     }
     LORADB_ASSIGN_OR_RETURN(std::vector<float> rewards, Rewards(rollouts));
     TaskScore s;
-    s.score = std::accumulate(rewards.begin(), rewards.end(), 0.0) /
-              static_cast<double>(rewards.size());
+    s.score =
+        std::accumulate(rewards.begin(), rewards.end(), 0.0) / static_cast<double>(rewards.size());
     return s;
   }
 
@@ -241,10 +242,9 @@ absl::StatusOr<TrainRunResult> RunDataTraining(const TrainRunOptions& run,
   if (kind == Kind::kGrpo) {
     LORADB_ASSIGN_OR_RETURN(reward, RewardProgram::Start(data.reward_cmd, data.reward_timeout_s));
   }
-  return RunTaskTraining(
-      o, [&](const model::Qwen3Model&) -> absl::StatusOr<std::unique_ptr<Task>> {
-        return std::unique_ptr<Task>(new DatasetTask(o, data, reward.get()));
-      });
+  return RunTaskTraining(o, [&](const model::Qwen3Model&) -> absl::StatusOr<std::unique_ptr<Task>> {
+    return std::unique_ptr<Task>(new DatasetTask(o, data, reward.get()));
+  });
 }
 
 }  // namespace loradb::trainer

@@ -124,15 +124,15 @@ absl::StatusOr<std::vector<double>> RewardProgram::Score(const std::vector<std::
                                "); it must write one line per rollout and flush its stdout"));
     }
     if ((p.revents & POLLOUT) != 0 && written < out.size()) {
-      const ssize_t sent = ::send(fd_, out.data() + written, out.size() - written,
-                                  MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t sent =
+          ::send(fd_, out.data() + written, out.size() - written, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (sent > 0) {
         written += static_cast<size_t>(sent);
       } else if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         // The program closed its stdin (or died): report how it ended.
         const std::string how = Stop(false);
-        return Fail(absl::StrCat(who, " stopped reading rollouts after ", rewards.size(),
-                                 " of ", n, " rewards; it ", how));
+        return Fail(absl::StrCat(who, " stopped reading rollouts after ", rewards.size(), " of ", n,
+                                 " rewards; it ", how));
       }
     }
     if ((p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;

@@ -1,6 +1,7 @@
 // Torch-free entry point to the trainer for the `loradb train` command and scripts: trains one
-// policy on a task (a toy task, or a dataset: data_training.h) with checkpoints in a store, resuming from the policy's latest
-// checkpoint, and publishes the result as a revision. Exposes no LibTorch types.
+// policy on a task (a toy task, or a dataset: data_training.h) with checkpoints in a store,
+// resuming from the policy's latest checkpoint, and publishes the result as a revision. Exposes
+// no LibTorch types.
 #ifndef LORADB_COMPUTE_TRAINER_TRAIN_TOOLS_H_
 #define LORADB_COMPUTE_TRAINER_TRAIN_TOOLS_H_
 

@@ -140,9 +140,9 @@ class LineParser {
     }
     for (int64_t id : *ids) {
       if (id < 0 || id >= o_.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("'", key, "' tokenizes to id ", id, ", outside the base's vocabulary [0, ",
-                         o_.vocab_size, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("'", key, "' tokenizes to id ", id,
+                                                       ", outside the base's vocabulary [0, ",
+                                                       o_.vocab_size, ")"));
       }
     }
     return ids;
@@ -164,8 +164,8 @@ class LineParser {
                                                        "token id, found ", e.type_name(), " ",
                                                        e.dump()));
       }
-      const bool big = e.is_number_unsigned() &&
-                       e.get<uint64_t>() > static_cast<uint64_t>(o_.vocab_size);
+      const bool big =
+          e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(o_.vocab_size);
       const int64_t id = big ? o_.vocab_size : e.get<int64_t>();
       if (id < 0 || id >= o_.vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat("'", key, "'[", i, "] = ", e.dump(),
@@ -189,8 +189,8 @@ class LineParser {
     std::vector<float> w;
     for (size_t i = 0; i < v.size(); ++i) {
       if (!v[i].is_number()) {
-        return absl::InvalidArgumentError(absl::StrCat("'weights'[", i, "] must be a number, found ",
-                                                       v[i].type_name()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("'weights'[", i, "] must be a number, found ", v[i].type_name()));
       }
       const double x = v[i].get<double>();
       if (!std::isfinite(x) || x < 0 || x > std::numeric_limits<float>::max()) {
@@ -200,8 +200,7 @@ class LineParser {
       w.push_back(static_cast<float>(x));
     }
     if (!w.empty() && w[0] != 0) {
-      return absl::InvalidArgumentError(
-          "'weights'[0] must be 0: nothing predicts the first token");
+      return absl::InvalidArgumentError("'weights'[0] must be 0: nothing predicts the first token");
     }
     return w;
   }
@@ -225,8 +224,8 @@ class LineParser {
             absl::StrCat(where, " must be an object with exactly 'role' and 'content'"));
       }
       if (!m.at("role").is_string() || !ChatRoles().contains(m.at("role").get<std::string>())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, " has role ", m.at("role").dump(), " (system, user, assistant or tool)"));
+        return absl::InvalidArgumentError(absl::StrCat(where, " has role ", m.at("role").dump(),
+                                                       " (system, user, assistant or tool)"));
       }
       if (!m.at("content").is_string()) {
         return absl::InvalidArgumentError(absl::StrCat(where, "'s content must be a string, found ",
@@ -237,8 +236,7 @@ class LineParser {
       trained = trained || assistant;
       const std::pair<std::string, float> segments[] = {
           {absl::StrCat("<|im_start|>", role, "\n"), 0.0f},
-          {absl::StrCat(m.at("content").get<std::string>(), "<|im_end|>"),
-           assistant ? 1.0f : 0.0f},
+          {absl::StrCat(m.at("content").get<std::string>(), "<|im_end|>"), assistant ? 1.0f : 0.0f},
           {"\n", 0.0f}};
       for (const auto& [text, weight] : segments) {
         LORADB_ASSIGN_OR_RETURN(std::vector<int64_t> ids, Tokenize(text, "messages"));
@@ -305,7 +303,8 @@ absl::StatusOr<Dataset> ParseTrainingData(absl::string_view text, absl::string_v
   int64_t kind_line = 0;  // the line that fixed the file's kind
   auto fail = [&](int64_t line, absl::string_view message) {
     ++failed;
-    if (errors.size() < options.max_errors) errors.push_back(absl::StrCat("line ", line, ": ", message));
+    if (errors.size() < options.max_errors)
+      errors.push_back(absl::StrCat("line ", line, ": ", message));
   };
   int64_t number = 0;
   for (absl::string_view raw : absl::StrSplit(text, '\n')) {
@@ -344,8 +343,7 @@ absl::StatusOr<Dataset> ParseTrainingData(absl::string_view text, absl::string_v
                                    " lines failed validation (nothing was trained):");
     for (const std::string& e : errors) absl::StrAppend(&msg, "\n  ", e);
     if (failed > static_cast<int64_t>(errors.size())) {
-      absl::StrAppend(&msg, "\n  ... and ", failed - static_cast<int64_t>(errors.size()),
-                      " more");
+      absl::StrAppend(&msg, "\n  ... and ", failed - static_cast<int64_t>(errors.size()), " more");
     }
     return absl::InvalidArgumentError(msg);
   }
@@ -358,9 +356,9 @@ absl::StatusOr<Dataset> ParseTrainingData(absl::string_view text, absl::string_v
 absl::StatusOr<Dataset> ReadTrainingData(const std::string& path, const ParseOptions& options) {
   absl::StatusOr<std::string> text = ReadFileToString(path);
   if (!text.ok()) {
-    return absl::Status(text.status().code(),
-                        absl::StrCat(path, ": cannot read the training data (",
-                                     text.status().message(), ")"));
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat(path, ": cannot read the training data (", text.status().message(), ")"));
   }
   return ParseTrainingData(*text, path, options);
 }

@@ -73,8 +73,9 @@ TEST(RewardProgram, ADyingProgramIsAnError) {
 }
 
 TEST(RewardProgram, TooManyLinesIsAnError) {
-  EXPECT_THAT(ErrorOf("while read -r l; do echo 1; echo 2; done", 3),
-              HasSubstr("more"));
+  // Four rewards in one write after the first rollout: one line more than the three rollouts.
+  EXPECT_THAT(ErrorOf("read -r l; printf '1\\n2\\n3\\n4\\n'; cat >/dev/null", 3),
+              HasSubstr("wrote more lines than the 3 rollouts it was sent (\"4\")"));
 }
 
 TEST(RewardProgram, SilenceTimesOut) {

@@ -27,10 +27,10 @@ namespace loradb {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::Cli;
 using testing::CliRun;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::TempDir;
 using Json = nlohmann::json;
 
@@ -50,9 +50,9 @@ const Bases& TheBases() {
     const std::string cfg = out->dir.file("config.json");
     std::ofstream(cfg) << config.dump();
     out->plain = out->dir.file("base");
-    CliRun r = Cli(out->dir, out->dir.file("unused-store"),
-                   absl::StrCat("model init-random --config '", cfg, "' '", out->plain,
-                                "' --seed 5"));
+    CliRun r =
+        Cli(out->dir, out->dir.file("unused-store"),
+            absl::StrCat("model init-random --config '", cfg, "' '", out->plain, "' --seed 5"));
     EXPECT_EQ(r.rc, 0) << r.err;
     out->with_tokenizer = out->dir.file("base-tok");
     fs::copy(out->plain, out->with_tokenizer, fs::copy_options::recursive);
@@ -238,17 +238,17 @@ TEST(TrainDataCli, GrpoWithARewardProgramRaisesTheReward) {
   // Warm start: a few SFT steps on the answers, so rollouts at temperature 1 sometimes earn the
   // reward (a random base almost never samples the one right token of 1024; after 9 steps the
   // argmax is right on 29 of 32 keys but sampling earns ~0.2).
-  CliRun warm = Train(dir, store, TheBases().plain, "rl",
-                      WriteLines(dir, "sft.jsonl", MappingLines()),
-                      "--steps 9 --batch 16 --lr 1e-2 --no-publish");
+  CliRun warm =
+      Train(dir, store, TheBases().plain, "rl", WriteLines(dir, "sft.jsonl", MappingLines()),
+            "--steps 9 --batch 16 --lr 1e-2 --no-publish");
   ASSERT_EQ(warm.rc, 0) << warm.err;
   std::vector<std::string> prompts;
   for (int k = 0; k < 32; ++k) {
-    prompts.push_back(absl::StrCat("{\"prompt\": [1, ", 100 + k, ", 2], \"answer\": ", Answer(k),
-                                   "}"));
+    prompts.push_back(
+        absl::StrCat("{\"prompt\": [1, ", 100 + k, ", 2], \"answer\": ", Answer(k), "}"));
   }
-  const std::string reward = absl::StrCat(
-      "python3 '", LORADB_SOURCE_DIR, "/tests/compute/testdata/exact_answer_reward.py'");
+  const std::string reward = absl::StrCat("python3 '", LORADB_SOURCE_DIR,
+                                          "/tests/compute/testdata/exact_answer_reward.py'");
   CliRun r = Train(dir, store, TheBases().plain, "rl", WriteLines(dir, "rl.jsonl", prompts),
                    absl::StrCat("--steps 29 --grpo-prompts 8 --grpo-group 8 --max-tokens 1 ",
                                 "--lr 5e-3 --eval 32 --reward-cmd \"", reward, "\""));
@@ -268,10 +268,10 @@ TEST(TrainDataCli, GrpoWithARewardProgramRaisesTheReward) {
 
 TEST(TrainDataCli, TheRewardProgramGetsEachRolloutAsAJsonLine) {
   TempDir dir;
-  const std::string data = WriteLines(
-      dir, "rl.jsonl",
-      {R"({"prompt": "What colour is the sky?", "answer": "blue", "meta": {"id": 7}})",
-       R"({"prompt": [1, 2, 3]})"});
+  const std::string data =
+      WriteLines(dir, "rl.jsonl",
+                 {R"({"prompt": "What colour is the sky?", "answer": "blue", "meta": {"id": 7}})",
+                  R"({"prompt": [1, 2, 3]})"});
   const std::string log = dir.file("rollouts.jsonl");
   const std::string script = dir.file("reward.sh");
   std::ofstream(script) << "while read -r l; do printf '%s\\n' \"$l\" >> '" << log

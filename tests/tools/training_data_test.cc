@@ -120,17 +120,21 @@ TEST(TrainingData, TextLinesUseTheTokenizer) {
 }
 
 TEST(TrainingData, ChatMessagesTrainAssistantTurns) {
-  absl::StatusOr<Dataset> d = ParseTrainingData(
-      R"({"messages": [{"role": "user", "content": "Name a red thing."},)"
-      R"( {"role": "assistant", "content": "An apple."}]})",
-      "c", WithTokenizer());
+  absl::StatusOr<Dataset> d =
+      ParseTrainingData(R"({"messages": [{"role": "user", "content": "Name a red thing."},)"
+                        R"( {"role": "assistant", "content": "An apple."}]})",
+                        "c", WithTokenizer());
   ASSERT_TRUE(d.ok()) << d.status();
   // ChatML, segment by segment: only the assistant's content and its <|im_end|> weigh 1.
   std::vector<int64_t> want;
   std::vector<float> w;
-  for (const auto& [text, weight] : std::vector<std::pair<std::string, float>>{
-           {"<|im_start|>user\n", 0}, {"Name a red thing.<|im_end|>", 0}, {"\n", 0},
-           {"<|im_start|>assistant\n", 0}, {"An apple.<|im_end|>", 1}, {"\n", 0}}) {
+  for (const auto& [text, weight] :
+       std::vector<std::pair<std::string, float>>{{"<|im_start|>user\n", 0},
+                                                  {"Name a red thing.<|im_end|>", 0},
+                                                  {"\n", 0},
+                                                  {"<|im_start|>assistant\n", 0},
+                                                  {"An apple.<|im_end|>", 1},
+                                                  {"\n", 0}}) {
     std::vector<int64_t> ids = Encode(text);
     want.insert(want.end(), ids.begin(), ids.end());
     w.resize(want.size(), weight);
@@ -159,14 +163,15 @@ TEST(TrainingData, TextWithoutATokenizerNamesTheMissingFile) {
 TEST(TrainingData, TokenizedIdsOutsideTheBaseVocabularyAreRefused) {
   ParseOptions o = WithTokenizer();
   o.vocab_size = 300;  // smaller than the tokenizer's
-  EXPECT_THAT(ErrorOf("{\"text\": \"<|im_end|> the sky\"}", o),
-              HasSubstr("line 1: 'text' tokenizes to id 365, outside the base's vocabulary [0, 300)"));
+  EXPECT_THAT(
+      ErrorOf("{\"text\": \"<|im_end|> the sky\"}", o),
+      HasSubstr("line 1: 'text' tokenizes to id 365, outside the base's vocabulary [0, 300)"));
 }
 
 TEST(TrainingData, EachMalformedLineIsReportedWithItsNumber) {
   const std::string msg = ErrorOf(
       "{\"tokens\": [1, 2, 3]}\n"
-      "{\"tokens\": [1, 2, \"3\"]}\n"               // 2: wrong element type
+      "{\"tokens\": [1, 2, \"3\"]}\n"                // 2: wrong element type
       "{\"tokens\": [1, 2, 3\n"                      // 3: bad JSON
       "{\"tokens\": [1, 2, 1024]}\n"                 // 4: id out of range
       "{\"tokens\": [1, 2], \"weights\": [0, 0]}\n"  // 5: no target
@@ -180,9 +185,11 @@ TEST(TrainingData, EachMalformedLineIsReportedWithItsNumber) {
       "{\"tokens\": 7}\n"                            // 13: wrong field type
       "{\"foo\": 1}\n");                             // 14: no training field
   EXPECT_THAT(msg, HasSubstr("data.jsonl: 13 of 14 lines failed validation"));
-  EXPECT_THAT(msg, HasSubstr("line 2: 'tokens'[2] must be an integer token id, found string \"3\""));
+  EXPECT_THAT(msg,
+              HasSubstr("line 2: 'tokens'[2] must be an integer token id, found string \"3\""));
   EXPECT_THAT(msg, HasSubstr("line 3: the line is not valid JSON"));
-  EXPECT_THAT(msg, HasSubstr("line 4: 'tokens'[2] = 1024 is outside the base's vocabulary [0, 1024)"));
+  EXPECT_THAT(msg,
+              HasSubstr("line 4: 'tokens'[2] = 1024 is outside the base's vocabulary [0, 1024)"));
   EXPECT_THAT(msg, HasSubstr("line 5: no target: every token after the first has weight 0"));
   EXPECT_THAT(msg, HasSubstr("line 6: 'weights' has 1 entries for 2 tokens"));
   EXPECT_THAT(msg, HasSubstr("line 7: 'weights'[0] must be 0"));
@@ -191,7 +198,8 @@ TEST(TrainingData, EachMalformedLineIsReportedWithItsNumber) {
   EXPECT_THAT(msg, HasSubstr("line 10: 'tokens' is text and the base has no tokenizer"));
   EXPECT_THAT(msg, HasSubstr("line 11: 'tokens'[1] = -2 is outside"));
   EXPECT_THAT(msg, HasSubstr("line 12: 'tokens' gives 1 token(s)"));
-  EXPECT_THAT(msg, HasSubstr("line 13: 'tokens' must be an array of token ids or a string, found number"));
+  EXPECT_THAT(
+      msg, HasSubstr("line 13: 'tokens' must be an array of token ids or a string, found number"));
   EXPECT_THAT(msg, HasSubstr("line 14: no training fields"));
   EXPECT_THAT(msg, Not(HasSubstr("line 1:")));
 }

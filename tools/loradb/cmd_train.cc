@@ -93,8 +93,8 @@ class StepDisplay {
     }
     constexpr int kWidth = 24;
     const int64_t span = std::max<int64_t>(1, s.last_step - s.first_step);
-    const double frac =
-        std::clamp(static_cast<double>(s.step - s.first_step) / static_cast<double>(span), 0.0, 1.0);
+    const double frac = std::clamp(
+        static_cast<double>(s.step - s.first_step) / static_cast<double>(span), 0.0, 1.0);
     std::string bar(static_cast<size_t>(frac * kWidth), '=');
     bar.resize(kWidth, ' ');
     std::fprintf(stderr, "\r\033[K[%s] %s", bar.c_str(), stats.c_str());
@@ -120,8 +120,9 @@ class StepDisplay {
 // fields) and trains on it.
 absl::Status RunData(TrainArgs* a) {
   const std::string model_dir = a->run.model_dir;
-  LORADB_ASSIGN_OR_RETURN(ModelConfig config,
-                          ReadModelConfig((std::filesystem::path(model_dir) / "config.json").string()));
+  LORADB_ASSIGN_OR_RETURN(
+      ModelConfig config,
+      ReadModelConfig((std::filesystem::path(model_dir) / "config.json").string()));
   dataset::ParseOptions po;
   po.vocab_size = config.vocab_size;
   const std::string tok_path = (std::filesystem::path(model_dir) / "tokenizer.json").string();
@@ -154,14 +155,13 @@ absl::Status RunData(TrainArgs* a) {
     if (named.has_value()) {
       id = *named;
     } else if (!absl::SimpleAtoi(stop, &id)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--stop ", stop, ": not a token id", tokenizer ? " nor a token of " : "",
-          tokenizer ? tok_path : ""));
+      return absl::InvalidArgumentError(absl::StrCat("--stop ", stop, ": not a token id",
+                                                     tokenizer ? " nor a token of " : "",
+                                                     tokenizer ? tok_path : ""));
     }
     if (id < 0 || id >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("--stop ", stop, ": id ", id,
-                                                     " is outside the vocabulary [0, ",
-                                                     config.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--stop ", stop, ": id ", id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
     }
     a->data.stop_tokens.push_back(id);
   }
@@ -180,7 +180,7 @@ absl::Status RunData(TrainArgs* a) {
   if (!res.ok()) return res.status();
   const double rate =
       res->train_seconds > 0 ? static_cast<double>(res->tokens) / res->train_seconds : 0;
-  const char* score = data.kind == dataset::Kind::kSft    ? "accuracy"
+  const char* score = data.kind == dataset::Kind::kSft   ? "accuracy"
                       : data.kind == dataset::Kind::kDpo ? "preferred"
                                                          : "mean_reward";
   if (a->json) {
@@ -207,12 +207,13 @@ absl::Status RunData(TrainArgs* a) {
   if (!std::isnan(res->start_loss)) {
     losses = absl::StrFormat("loss %.4f -> %.4f, ", res->start_loss, res->end_loss);
   }
-  std::printf("%s: steps %lld -> %lld, %s%s %.4f -> %.4f, %.0f tokens/s, checkpoint %llu, "
-              "revision %llu\n",
-              a->run.policy.c_str(), static_cast<long long>(res->start_step),
-              static_cast<long long>(res->end_step), losses.c_str(), score, res->start_score,
-              res->end_score, rate, static_cast<unsigned long long>(res->checkpoint_id),
-              static_cast<unsigned long long>(res->revision_id));
+  std::printf(
+      "%s: steps %lld -> %lld, %s%s %.4f -> %.4f, %.0f tokens/s, checkpoint %llu, "
+      "revision %llu\n",
+      a->run.policy.c_str(), static_cast<long long>(res->start_step),
+      static_cast<long long>(res->end_step), losses.c_str(), score, res->start_score,
+      res->end_score, rate, static_cast<unsigned long long>(res->checkpoint_id),
+      static_cast<unsigned long long>(res->revision_id));
   return absl::OkStatus();
 }
 
@@ -282,7 +283,8 @@ void SetupTrain(CLI::App* sub, Invocation* inv) {
   sub->add_option("--grpo-prompts", r.grpo_prompts, "GRPO prompts per step (default 8)");
   sub->add_option("--grpo-group", r.grpo_group, "GRPO samples per prompt (default 8)");
   sub->add_option("--temperature", r.temperature, "GRPO sampling temperature (default 1)");
-  sub->add_option("--warm-start", r.warm_start_steps, "--task arithmetic: SFT steps first (default 0)");
+  sub->add_option("--warm-start", r.warm_start_steps,
+                  "--task arithmetic: SFT steps first (default 0)");
   sub->add_option("--checkpoint-every", r.checkpoint_every, "checkpoint every N steps");
   sub->add_option("--alias", r.alias, "alias moved to the published revision (default latest)");
   sub->add_option(
