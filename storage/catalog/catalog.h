@@ -137,7 +137,7 @@ class Catalog {
   [[nodiscard]] static absl::Status CheckStoreDirectory(const std::string& dir);
 
   ~Catalog();
-  // The named-database handles (internal to catalog.cc).
+  // The named-database handles (defined in storage/catalog/lmdb_txn.h, internal).
   struct Dbis;
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
