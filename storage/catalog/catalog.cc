@@ -36,22 +36,16 @@ using catalog_lmdb::StrVal;
 using catalog_lmdb::U128Key;
 using catalog_lmdb::U64Key;
 using catalog_lmdb::ValBytes;
+using catalog_lmdb::AliasKey;
+using catalog_lmdb::TxnGetAlias;
+using catalog_lmdb::TxnRevisionView;
 
 namespace {
-
-constexpr absl::string_view kVirtualLatest = "latest";
 
 int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-std::string AliasKey(uint64_t policy_id, absl::string_view alias) {
-  std::string k(8, '\0');
-  PutBE64(reinterpret_cast<uint8_t*>(k.data()), policy_id);
-  k.append(alias.data(), alias.size());
-  return k;
 }
 
 // alias_log key prefix: policy id (8) ++ alias length (1) ++ alias; entries append a BE u64.
@@ -101,15 +95,8 @@ absl::StatusOr<PolicyRecord> TxnGetPolicyById(MDB_txn* txn, const Catalog::Dbis&
 
 absl::StatusOr<PolicyRecord> TxnGetPolicy(MDB_txn* txn, const Catalog::Dbis& d,
                                           const std::string& name) {
-  // A name no policy can have is refused before it reaches LMDB (an empty key is an LMDB error).
-  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
-  MDB_val v;
-  absl::Status st = Get(txn, d.policies, StrVal(name), &v, "policy");
-  if (absl::IsNotFound(st))
-    return absl::NotFoundError(absl::StrCat("no policy named '", name, "'"));
-  LORADB_RETURN_IF_ERROR(st);
-  if (v.mv_size != 8) return absl::DataLossError("catalog: policy name entry is not 8 bytes");
-  return TxnGetPolicyById(txn, d, GetBE64(v.mv_data));
+  LORADB_ASSIGN_OR_RETURN(const uint64_t id, catalog_lmdb::TxnPolicyIdByName(txn, d, name));
+  return TxnGetPolicyById(txn, d, id);
 }
 
 absl::Status TxnPutPolicy(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecord& p) {
@@ -132,19 +119,6 @@ absl::Status TxnPutRevision(MDB_txn* txn, const Catalog::Dbis& d, const Revision
   U64Key k(r.id);
   const std::string bytes = codec::EncodeRevision(r);
   return Put(txn, d.revisions, k.val(), StrVal(bytes), flags, "put revision");
-}
-
-// Looks up the alias; NotFound when unset.
-absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
-                                     const std::string& alias) {
-  const std::string key = AliasKey(policy_id, alias);
-  MDB_val v;
-  absl::Status st = Get(txn, d.aliases, StrVal(key), &v, "alias");
-  if (absl::IsNotFound(st))
-    return absl::NotFoundError(absl::StrCat("alias '", alias, "' is not set"));
-  LORADB_RETURN_IF_ERROR(st);
-  if (v.mv_size != 8) return absl::DataLossError("catalog: alias value is not 8 bytes");
-  return GetBE64(v.mv_data);
 }
 
 // The last log entry of an alias (its number in `seq`); NotFound when the log is empty.
@@ -180,13 +154,14 @@ absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecor
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; its aliases cannot move"));
   }
-  LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, TxnGetRevision(txn, d, to));
-  if (rev.policy_id != policy.id) {
+  CatalogViewScope scope;
+  LORADB_ASSIGN_OR_RETURN(RevisionView rev, TxnRevisionView(txn, d, to, scope));
+  if (rev.policy_id() != policy.id) {
     return absl::InvalidArgumentError(absl::StrCat("revision ", to,
-                                                   " belongs to another policy (id ", rev.policy_id,
-                                                   "), not '", policy.name, "'"));
+                                                   " belongs to another policy (id ",
+                                                   rev.policy_id(), "), not '", policy.name, "'"));
   }
-  if (rev.state != RevisionState::kLive) {
+  if (!rev.live()) {
     return absl::FailedPreconditionError(absl::StrCat("revision ", to, " is deleted"));
   }
   uint64_t from = 0;
@@ -303,7 +278,8 @@ absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
         absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
   }
   if (nr.parent != 0) {
-    LORADB_RETURN_IF_ERROR(TxnGetRevision(txn, d, nr.parent).status());
+    CatalogViewScope scope;
+    LORADB_RETURN_IF_ERROR(TxnRevisionView(txn, d, nr.parent, scope).status());
   }
   LORADB_ASSIGN_OR_RETURN(uint64_t last_id, LastU64Key(txn, d.revisions));
   RevisionRecord r;
@@ -369,8 +345,10 @@ Catalog::Catalog(std::string dir, const CatalogOptions& options)
 Catalog::~Catalog() {
   {
     MutexLock lock(&pool_mu_);
-    for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
-    read_pool_.clear();
+    for (auto& slot : slots_) {
+      if (slot->txn != nullptr) mdb_txn_abort(slot->txn);
+      slot->txn = nullptr;
+    }
   }
   if (env_ != nullptr) mdb_env_close(env_);
 }
@@ -529,27 +507,43 @@ absl::Status Catalog::Init() {
 
 // ---- transactions
 
-MDB_txn* Catalog::AcquireReadTxn() const {
+CatalogReadSlot* Catalog::AcquireReadSlot(int* rc) const {
+  CatalogReadSlot* slot = nullptr;
   {
     MutexLock lock(&pool_mu_);
-    while (!read_pool_.empty()) {
-      MDB_txn* t = read_pool_.back();
-      read_pool_.pop_back();
-      if (mdb_txn_renew(t) == 0) return t;
-      mdb_txn_abort(t);
+    if (idle_slots_.empty()) {
+      slots_.push_back(std::make_unique<CatalogReadSlot>());
+      slot = slots_.back().get();
+    } else {
+      slot = idle_slots_.back();
+      idle_slots_.pop_back();
     }
   }
-  return nullptr;
+  *rc = 0;
+  if (slot->txn != nullptr && mdb_txn_renew(slot->txn) != 0) {
+    mdb_txn_abort(slot->txn);
+    slot->txn = nullptr;
+  }
+  if (slot->txn == nullptr) *rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &slot->txn);
+  if (*rc != 0) {
+    slot->txn = nullptr;
+    MutexLock lock(&pool_mu_);
+    idle_slots_.push_back(slot);
+    return nullptr;
+  }
+  return slot;
 }
 
-void Catalog::ReleaseReadTxn(MDB_txn* txn) const {
-  mdb_txn_reset(txn);
+void Catalog::ReleaseReadSlot(CatalogReadSlot* slot) const {
+  // Views made in this transaction die here, before its pages can be reused.
+  slot->epoch.fetch_add(1, std::memory_order_release);
+  mdb_txn_reset(slot->txn);
   MutexLock lock(&pool_mu_);
-  if (read_pool_.size() < 64) {
-    read_pool_.push_back(txn);
-  } else {
-    mdb_txn_abort(txn);
+  if (idle_slots_.size() >= 64) {
+    mdb_txn_abort(slot->txn);  // the slot stays (stale views may still read its epoch)
+    slot->txn = nullptr;
   }
+  idle_slots_.push_back(slot);
 }
 
 int64_t Catalog::Now() const { return options_.clock ? options_.clock() : NowMicros(); }
@@ -557,9 +551,12 @@ int64_t Catalog::Now() const { return options_.clock ? options_.clock() : NowMic
 absl::Status Catalog::GrowMap(uint64_t at_least) {
   WriterMutexLock lock(&resize_mu_);
   {
+    // Every slot is idle here (a transaction holds resize_mu_ shared while it is open).
     MutexLock pool_lock(&pool_mu_);
-    for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
-    read_pool_.clear();
+    for (CatalogReadSlot* slot : idle_slots_) {
+      if (slot->txn != nullptr) mdb_txn_abort(slot->txn);
+      slot->txn = nullptr;
+    }
   }
   MDB_envinfo info;
   mdb_env_info(env_, &info);
@@ -573,29 +570,39 @@ absl::Status Catalog::GrowMap(uint64_t at_least) {
   return absl::OkStatus();
 }
 
-absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) const {
+absl::Status Catalog::ViewInSlot(
+    const std::function<absl::Status(MDB_txn*, const CatalogReadSlot*)>& fn) const {
   for (int attempt = 0; attempt < 4; ++attempt) {
-    bool resized = false;
     {
       ReaderMutexLock lock(&resize_mu_);
-      MDB_txn* txn = AcquireReadTxn();
-      if (txn == nullptr) {
-        int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
-        if (rc == MDB_MAP_RESIZED) {
-          resized = true;
-        } else if (rc != 0) {
-          return LmdbError(rc, "begin read");
-        }
-      }
-      if (!resized) {
-        absl::Status st = fn(txn);
-        ReleaseReadTxn(txn);
+      int rc = 0;
+      CatalogReadSlot* slot = AcquireReadSlot(&rc);
+      if (slot != nullptr) {
+        absl::Status st = fn(slot->txn, slot);
+        ReleaseReadSlot(slot);
         return st;
       }
+      if (rc != MDB_MAP_RESIZED) return LmdbError(rc, "begin read");
     }
     LORADB_RETURN_IF_ERROR(const_cast<Catalog*>(this)->GrowMap(0));
   }
   return absl::InternalError("catalog: map kept resizing under a reader");
+}
+
+absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) const {
+  return ViewInSlot([&](MDB_txn* txn, const CatalogReadSlot*) { return fn(txn); });
+}
+
+absl::Status Catalog::Read(const std::function<absl::Status(const CatalogReader&)>& fn) const {
+  return ViewInSlot([&](MDB_txn* txn, const CatalogReadSlot* slot) -> absl::Status {
+    CatalogReader::State state;
+    state.txn = txn;
+    state.dbi = dbi_.get();
+    state.scope.slot = slot;
+    state.scope.epoch = slot->epoch.load(std::memory_order_relaxed);
+    const CatalogReader reader = CatalogViewAccess::MakeReader(&state);
+    return fn(reader);
+  });
 }
 
 absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
@@ -793,8 +800,9 @@ absl::StatusOr<std::vector<uint64_t>> Catalog::PublishBatch(
 
 absl::StatusOr<RevisionRecord> Catalog::GetRevision(uint64_t id) const {
   RevisionRecord out;
-  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    LORADB_ASSIGN_OR_RETURN(out, TxnGetRevision(txn, *dbi_, id));
+  LORADB_RETURN_IF_ERROR(Read([&](const CatalogReader& r) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(RevisionView v, r.Revision(id));
+    out = v.ToRecord();
     return absl::OkStatus();
   }));
   return out;
@@ -802,20 +810,9 @@ absl::StatusOr<RevisionRecord> Catalog::GetRevision(uint64_t id) const {
 
 absl::StatusOr<RevisionRecord> Catalog::GetRevisionBySeq(uint64_t policy_id, uint64_t seq) const {
   RevisionRecord out;
-  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    Cursor c(txn, dbi_->policy_revisions);
-    LORADB_RETURN_IF_ERROR(c.status());
-    U64Key pk(policy_id);
-    U128Key probe(seq, 0);
-    MDB_val k = pk.val(), v = probe.val();
-    int rc = c.Get(&k, &v, MDB_GET_BOTH_RANGE);
-    if (rc == MDB_NOTFOUND || (rc == 0 && (v.mv_size != 16 || GetBE64(v.mv_data) != seq))) {
-      return absl::NotFoundError(
-          absl::StrCat("policy id ", policy_id, " has no revision with seq ", seq));
-    }
-    if (rc != 0) return LmdbError(rc, "policy revision index");
-    LORADB_ASSIGN_OR_RETURN(
-        out, TxnGetRevision(txn, *dbi_, GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8)));
+  LORADB_RETURN_IF_ERROR(Read([&](const CatalogReader& r) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(RevisionView v, r.RevisionBySeq(policy_id, seq));
+    out = v.ToRecord();
     return absl::OkStatus();
   }));
   return out;
@@ -825,27 +822,9 @@ absl::StatusOr<RevisionRecord> Catalog::GetRevisionByAlias(uint64_t policy_id,
                                                            const std::string& alias) const {
   LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
   RevisionRecord out;
-  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    if (alias == kVirtualLatest) {
-      Cursor c(txn, dbi_->policy_revisions);
-      LORADB_RETURN_IF_ERROR(c.status());
-      U64Key pk(policy_id);
-      MDB_val k = pk.val(), v;
-      int rc = c.Get(&k, &v, MDB_SET);
-      if (rc == 0) rc = c.Get(&k, &v, MDB_LAST_DUP);
-      while (rc == 0) {
-        LORADB_ASSIGN_OR_RETURN(
-            out, TxnGetRevision(txn, *dbi_, GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8)));
-        if (out.state == RevisionState::kLive) return absl::OkStatus();
-        rc = c.Get(&k, &v, MDB_PREV_DUP);
-      }
-      if (rc != MDB_NOTFOUND) return LmdbError(rc, "policy revision index");
-      return absl::NotFoundError(
-          absl::StrCat("policy id ", policy_id, " has no live revision (alias 'latest')"));
-    }
-    auto id = TxnGetAlias(txn, *dbi_, policy_id, alias);
-    if (!id.ok()) return id.status();
-    LORADB_ASSIGN_OR_RETURN(out, TxnGetRevision(txn, *dbi_, *id));
+  LORADB_RETURN_IF_ERROR(Read([&](const CatalogReader& r) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(RevisionView v, r.RevisionByAlias(policy_id, alias));
+    out = v.ToRecord();
     return absl::OkStatus();
   }));
   return out;
@@ -857,6 +836,7 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListPolicyRevisions(uint64_t polic
   Page<RevisionRecord> page;
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     page = {};
+    CatalogViewScope scope;  // views die with this lambda; the page keeps owning records
     Cursor c(txn, dbi_->policy_revisions);
     LORADB_RETURN_IF_ERROR(c.status());
     if (after_seq == UINT64_MAX) return absl::OkStatus();
@@ -873,8 +853,8 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListPolicyRevisions(uint64_t polic
         return absl::OkStatus();
       }
       const auto* e = static_cast<const uint8_t*>(v.mv_data);
-      LORADB_ASSIGN_OR_RETURN(RevisionRecord r, TxnGetRevision(txn, *dbi_, GetBE64(e + 8)));
-      if (include_deleted || r.state == RevisionState::kLive) page.items.push_back(std::move(r));
+      LORADB_ASSIGN_OR_RETURN(RevisionView r, TxnRevisionView(txn, *dbi_, GetBE64(e + 8), scope));
+      if (include_deleted || r.live()) page.items.push_back(r.ToRecord());
       rc = c.Get(&k, &v, MDB_NEXT_DUP);
     }
     if (rc != MDB_NOTFOUND) return LmdbError(rc, "policy revision index");
@@ -889,6 +869,7 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListRevisions(uint64_t after_id, s
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     page = {};
     if (after_id == UINT64_MAX) return absl::OkStatus();
+    CatalogViewScope scope;  // views die with this lambda; the page keeps owning records
     Cursor c(txn, dbi_->revisions);
     LORADB_RETURN_IF_ERROR(c.status());
     U64Key start(after_id + 1);
@@ -899,8 +880,8 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListRevisions(uint64_t after_id, s
         page.next_after = page.items.back().id;
         return absl::OkStatus();
       }
-      LORADB_ASSIGN_OR_RETURN(RevisionRecord r, codec::DecodeRevision(ValBytes(v)));
-      if (include_deleted || r.state == RevisionState::kLive) page.items.push_back(std::move(r));
+      LORADB_ASSIGN_OR_RETURN(RevisionView r, catalog_lmdb::ViewRevisionBytes(ValBytes(v), scope));
+      if (include_deleted || r.live()) page.items.push_back(r.ToRecord());
       rc = c.Get(&k, &v, MDB_NEXT);
     }
     if (rc != MDB_NOTFOUND) return LmdbError(rc, "revisions");
@@ -1004,8 +985,9 @@ absl::StatusOr<uint64_t> Catalog::Rollback(uint64_t policy_id, const std::string
       return absl::FailedPreconditionError(absl::StrCat("alias '", alias, "' of policy '", p.name,
                                                         "' has no earlier value to roll back to"));
     }
-    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, TxnGetRevision(txn, *dbi_, target));
-    if (r.state != RevisionState::kLive) {
+    CatalogViewScope scope;
+    LORADB_ASSIGN_OR_RETURN(RevisionView r, TxnRevisionView(txn, *dbi_, target, scope));
+    if (!r.live()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot roll back alias '", alias, "': its earlier revision ", target, " is deleted"));
     }

@@ -1,7 +1,9 @@
 // Catalog::CheckIntegrity: every cross-reference of the catalog checked in one read transaction.
 #include <lmdb.h>
 
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -28,12 +30,12 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
     };
     MDB_val k, v;
     // Bases.
-    std::map<std::string, bool> bases;
+    std::set<std::string, std::less<>> bases;
     {
       Cursor c(txn, dbi_->bases);
       LORADB_RETURN_IF_ERROR(c.status());
       for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        bases[std::string(static_cast<const char*>(k.mv_data), k.mv_size)] = true;
+        bases.emplace(static_cast<const char*>(k.mv_data), k.mv_size);
       }
     }
     // Policies, both directions.
@@ -47,7 +49,7 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
           problem(std::string(p.status().message()));
           continue;
         }
-        if (!bases.count(p->base)) {
+        if (!bases.contains(p->base)) {
           problem(absl::StrCat("policy '", p->name, "' names missing base '", p->base, "'"));
         }
         LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, *dbi_, &*p));
@@ -81,31 +83,34 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
     {
       Cursor c(txn, dbi_->revisions);
       LORADB_RETURN_IF_ERROR(c.status());
+      // Views: each record is verified and read in place, nothing is decoded or allocated.
       for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
         ++out.revisions;
-        auto r = codec::DecodeRevision(ValBytes(v));
+        CatalogViewScope scope;
+        auto r = catalog_lmdb::ViewRevisionBytes(ValBytes(v), scope);
         if (!r.ok()) {
           problem(std::string(r.status().message()));
           continue;
         }
-        if (k.mv_size != 8 || GetBE64(k.mv_data) != r->id) {
-          problem(absl::StrCat("revision ", r->id, " is stored under another key"));
+        const uint64_t id = r->id();
+        if (k.mv_size != 8 || GetBE64(k.mv_data) != id) {
+          problem(absl::StrCat("revision ", id, " is stored under another key"));
         }
-        auto pit = policies.find(r->policy_id);
+        auto pit = policies.find(r->policy_id());
         if (pit == policies.end()) {
-          problem(absl::StrCat("revision ", r->id, " names missing policy id ", r->policy_id));
-        } else if (r->seq == 0 || r->seq >= pit->second.next_seq) {
-          problem(absl::StrCat("revision ", r->id, " has seq ", r->seq, " outside policy '",
+          problem(absl::StrCat("revision ", id, " names missing policy id ", r->policy_id()));
+        } else if (r->seq() == 0 || r->seq() >= pit->second.next_seq) {
+          problem(absl::StrCat("revision ", id, " has seq ", r->seq(), " outside policy '",
                                pit->second.name, "' (next seq ", pit->second.next_seq, ")"));
         }
-        if (!bases.count(r->base)) {
-          problem(absl::StrCat("revision ", r->id, " names missing base '", r->base, "'"));
+        if (!bases.contains(r->base())) {
+          problem(absl::StrCat("revision ", id, " names missing base '", r->base(), "'"));
         }
-        rev_policy_seq[r->id] = {r->policy_id, r->seq};
-        live[r->id] = r->state == RevisionState::kLive;
-        if (r->state == RevisionState::kLive) {
+        rev_policy_seq[id] = {r->policy_id(), r->seq()};
+        live[id] = r->live();
+        if (r->live()) {
           ++out.live_revisions;
-          add_ref(r->blob);
+          add_ref(r->blob());
         }
       }
     }

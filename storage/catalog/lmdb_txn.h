@@ -1,5 +1,5 @@
 // LMDB plumbing shared by the catalog's source files (catalog.cc, catalog_integrity.cc,
-// catalog_space.cc): the named-database handles, error mapping, a cursor and
+// catalog_space.cc, revision_view.cc): the named-database handles, error mapping, a cursor and
 // the key/value helpers. Internal to storage/catalog; nothing outside it includes this header.
 #ifndef LORADB_STORAGE_CATALOG_LMDB_TXN_H_
 #define LORADB_STORAGE_CATALOG_LMDB_TXN_H_
@@ -7,9 +7,12 @@
 #include <lmdb.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,6 +37,53 @@ struct Catalog::Dbis {
   MDB_dbi policy_checkpoints = 0;
   MDB_dbi blobs = 0;
   MDB_dbi revisions_by_blob = 0;  // schema v2
+};
+
+// A pooled read transaction. Its epoch advances each time the transaction ends (reset or
+// abort); a view remembers the epoch it was made in, so a view used after its transaction is
+// recognised. Slots live as long as their Catalog.
+struct CatalogReadSlot {
+  MDB_txn* txn = nullptr;
+  std::atomic<uint64_t> epoch{0};
+};
+
+// Aligned copies of values LMDB returned at addresses FlatBuffers cannot read in place (LMDB
+// aligns values to 2 bytes only; the catalog's own fixed-width-key databases hold 8-aligned
+// values in practice, so this is the rare path). The copies live as long as this object.
+class CatalogAlignedCopies {
+ public:
+  // `b` itself when it is 8-byte aligned, else an aligned copy.
+  std::span<const uint8_t> Align(std::span<const uint8_t> b);
+
+ private:
+  std::vector<std::unique_ptr<uint64_t[]>> copies_;
+};
+
+// Where views made inside one transaction belong: the slot they check (null in the catalog's
+// own write transactions, whose views never leave the function that made them), its epoch at
+// the start of the transaction, and the copies of misaligned values.
+struct CatalogViewScope {
+  const CatalogReadSlot* slot = nullptr;
+  uint64_t epoch = 0;
+  CatalogAlignedCopies copies;
+};
+
+struct CatalogReader::State {
+  MDB_txn* txn = nullptr;
+  const Catalog::Dbis* dbi = nullptr;
+  CatalogViewScope scope;
+};
+
+// Builds views and readers (their constructors are private) and reads a view's table.
+struct CatalogViewAccess {
+  static RevisionView MakeRevision(const void* table, const CatalogViewScope& s) {
+    return RevisionView(table, s.slot, s.epoch);
+  }
+  static PolicyView MakePolicy(const void* table, const CatalogViewScope& s) {
+    return PolicyView(table, s.slot, s.epoch);
+  }
+  static CatalogReader MakeReader(CatalogReader::State* state) { return CatalogReader(state); }
+  static CatalogReader::State& StateOf(const CatalogReader& r) { return *r.state_; }
 };
 
 namespace catalog_lmdb {
@@ -113,6 +163,30 @@ absl::StatusOr<uint64_t> TxnLastSeq(MDB_txn* txn, const Catalog::Dbis& d, uint64
 // publish does not rewrite the policy record); the seq the next publish gets is the larger of it
 // and one past the highest seq in the policy's revision index.
 absl::Status ResolveNextSeq(MDB_txn* txn, const Catalog::Dbis& d, PolicyRecord* p);
+
+// ---- view lookups inside a transaction (catalog_reader.cc); errors as CatalogReader's.
+
+// Verifies `bytes` (a revisions value) and views it in `scope`.
+absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes,
+                                               CatalogViewScope& scope);
+absl::StatusOr<RevisionView> TxnRevisionView(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
+                                             CatalogViewScope& scope);
+absl::StatusOr<RevisionView> TxnRevisionViewBySeq(MDB_txn* txn, const Catalog::Dbis& d,
+                                                  uint64_t policy_id, uint64_t seq,
+                                                  CatalogViewScope& scope);
+absl::StatusOr<RevisionView> TxnRevisionViewByAlias(MDB_txn* txn, const Catalog::Dbis& d,
+                                                    uint64_t policy_id, const std::string& alias,
+                                                    CatalogViewScope& scope);
+absl::StatusOr<PolicyView> TxnPolicyViewById(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
+                                             CatalogViewScope& scope);
+// The policy id under `name` in `policies`; InvalidArgument for an invalid name.
+absl::StatusOr<uint64_t> TxnPolicyIdByName(MDB_txn* txn, const Catalog::Dbis& d,
+                                           const std::string& name);
+// The revision an alias points at; NotFound when unset.
+absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
+                                     const std::string& alias);
+// "policy id (u64) ++ alias": the aliases key.
+std::string AliasKey(uint64_t policy_id, absl::string_view alias);
 
 }  // namespace catalog_lmdb
 }  // namespace loradb
