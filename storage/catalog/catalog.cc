@@ -259,7 +259,11 @@ absl::StatusOr<PolicyRecord> TxnCreatePolicy(MDB_txn* txn, const Catalog::Dbis& 
     return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
   }
   LORADB_RETURN_IF_ERROR(st);
-  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, p));
+  // Stored with next_seq 0, which FlatBuffers leaves out (8 bytes less per policy): the next seq
+  // is max(record, highest indexed seq + 1), 1 for a policy without revisions either way.
+  PolicyRecord stored = p;
+  stored.next_seq = 0;
+  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, stored));
   return p;
 }
 
