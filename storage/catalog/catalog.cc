@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "storage/catalog/codec.h"
 #include "storage/catalog/key_encoding.h"
+#include "storage/catalog/lmdb_txn.h"
 #include "storage/util/fault_injection.h"
 #include "storage/util/file_util.h"
 #include "storage/util/status_macros.h"
@@ -25,93 +26,26 @@
 namespace loradb {
 
 namespace codec = catalog_codec;
-
-struct Catalog::Dbis {
-  MDB_dbi meta = 0;
-  MDB_dbi bases = 0;
-  MDB_dbi policies = 0;
-  MDB_dbi policy_by_id = 0;
-  MDB_dbi revisions = 0;
-  MDB_dbi policy_revisions = 0;
-  MDB_dbi aliases = 0;
-  MDB_dbi alias_log = 0;
-  MDB_dbi checkpoints = 0;
-  MDB_dbi policy_checkpoints = 0;
-  MDB_dbi blobs = 0;
-  MDB_dbi revisions_by_blob = 0;  // schema v2
-};
+using catalog_lmdb::Cursor;
+using catalog_lmdb::Get;
+using catalog_lmdb::GetBE64;
+using catalog_lmdb::LmdbError;
+using catalog_lmdb::PutBE64;
+using catalog_lmdb::ResolveNextSeq;
+using catalog_lmdb::StrVal;
+using catalog_lmdb::U128Key;
+using catalog_lmdb::U64Key;
+using catalog_lmdb::ValBytes;
+using catalog_lmdb::AliasKey;
+using catalog_lmdb::TxnGetAlias;
+using catalog_lmdb::TxnRevisionView;
 
 namespace {
-
-constexpr absl::string_view kVirtualLatest = "latest";
-
-// Set by Put/Commit helpers when LMDB reports MDB_MAP_FULL, so Update can grow and retry.
-thread_local bool tl_map_full = false;
 
 int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-absl::Status LmdbError(int rc, absl::string_view what) {
-  if (rc == MDB_MAP_FULL) tl_map_full = true;
-  const std::string msg = absl::StrCat("catalog: ", what, ": ", mdb_strerror(rc));
-  switch (rc) {
-    case MDB_NOTFOUND:
-      return absl::NotFoundError(msg);
-    case MDB_KEYEXIST:
-      return absl::AlreadyExistsError(msg);
-    case MDB_MAP_FULL:
-    case MDB_READERS_FULL:
-    case MDB_TXN_FULL:
-    case ENOSPC:
-      return absl::ResourceExhaustedError(msg);
-    case MDB_CORRUPTED:
-    case MDB_PAGE_NOTFOUND:
-      return absl::DataLossError(msg);
-    case MDB_VERSION_MISMATCH:
-    case MDB_INVALID:
-      return absl::FailedPreconditionError(msg);
-    default:
-      if (rc > 0) return ErrnoToStatus(rc, absl::StrCat("catalog: ", what));
-      return absl::InternalError(msg);
-  }
-}
-
-// ---- key encodings (big-endian, so memcmp order is numeric order)
-
-using catalog_keys::GetBE64;
-using catalog_keys::PutBE64;
-
-struct U64Key {
-  explicit U64Key(uint64_t v) { PutBE64(b.data(), v); }
-  MDB_val val() { return {8, b.data()}; }
-  std::array<uint8_t, 8> b;
-};
-
-// (a, b) as 16 big-endian bytes: the DUPFIXED value of the policy -> revisions/checkpoints
-// indexes, and the blob hash key.
-struct U128Key {
-  U128Key(uint64_t a, uint64_t c) {
-    PutBE64(b.data(), a);
-    PutBE64(b.data() + 8, c);
-  }
-  MDB_val val() { return {16, b.data()}; }
-  std::array<uint8_t, 16> b;
-};
-
-MDB_val StrVal(const std::string& s) { return {s.size(), const_cast<char*>(s.data())}; }
-
-codec::Bytes ValBytes(const MDB_val& v) {
-  return {static_cast<const uint8_t*>(v.mv_data), v.mv_size};
-}
-
-std::string AliasKey(uint64_t policy_id, absl::string_view alias) {
-  std::string k(8, '\0');
-  PutBE64(reinterpret_cast<uint8_t*>(k.data()), policy_id);
-  k.append(alias.data(), alias.size());
-  return k;
 }
 
 // alias_log key prefix: policy id (8) ++ alias length (1) ++ alias; entries append a BE u64.
@@ -125,34 +59,6 @@ std::string AliasLogPrefix(uint64_t policy_id, absl::string_view alias) {
 
 bool HasPrefix(const MDB_val& v, const std::string& prefix) {
   return v.mv_size >= prefix.size() && std::memcmp(v.mv_data, prefix.data(), prefix.size()) == 0;
-}
-
-// RAII cursor.
-class Cursor {
- public:
-  Cursor(MDB_txn* txn, MDB_dbi dbi) { rc_ = mdb_cursor_open(txn, dbi, &c_); }
-  ~Cursor() {
-    if (c_ != nullptr) mdb_cursor_close(c_);
-  }
-  Cursor(const Cursor&) = delete;
-  Cursor& operator=(const Cursor&) = delete;
-  absl::Status status() const {
-    return rc_ == 0 ? absl::OkStatus() : LmdbError(rc_, "cursor open");
-  }
-  // Returns 0, MDB_NOTFOUND, or an error code.
-  int Get(MDB_val* k, MDB_val* v, MDB_cursor_op op) { return mdb_cursor_get(c_, k, v, op); }
-  MDB_cursor* get() { return c_; }
-
- private:
-  MDB_cursor* c_ = nullptr;
-  int rc_ = 0;
-};
-
-// Get: OK with `*v` set, NotFound, or another error.
-absl::Status Get(MDB_txn* txn, MDB_dbi dbi, MDB_val k, MDB_val* v, absl::string_view what) {
-  int rc = mdb_get(txn, dbi, &k, v);
-  if (rc == 0) return absl::OkStatus();
-  return LmdbError(rc, what);
 }
 
 absl::Status Put(MDB_txn* txn, MDB_dbi dbi, MDB_val k, MDB_val v, unsigned flags,
@@ -176,29 +82,6 @@ absl::StatusOr<uint64_t> LastU64Key(MDB_txn* txn, MDB_dbi dbi) {
 
 // ---- typed accessors used inside transactions
 
-// The highest seq in the policy's revision index (live or deleted), or 0 when it has none.
-absl::StatusOr<uint64_t> TxnLastSeq(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id) {
-  Cursor c(txn, d.policy_revisions);
-  LORADB_RETURN_IF_ERROR(c.status());
-  U64Key pk(policy_id);
-  MDB_val k = pk.val(), v;
-  int rc = c.Get(&k, &v, MDB_SET_KEY);
-  if (rc == MDB_NOTFOUND) return 0;
-  if (rc == 0) rc = c.Get(&k, &v, MDB_LAST_DUP);
-  if (rc != 0) return LmdbError(rc, "policy revision index");
-  if (v.mv_size != 16) return absl::DataLossError("catalog: bad policy revision entry");
-  return GetBE64(v.mv_data);
-}
-
-// Schema v3: the record's next_seq is a lower bound (written at creation and by rebuilds; a
-// publish does not rewrite the policy record); the seq the next publish gets is the larger of it
-// and one past the highest seq in the policy's revision index.
-absl::Status ResolveNextSeq(MDB_txn* txn, const Catalog::Dbis& d, PolicyRecord* p) {
-  LORADB_ASSIGN_OR_RETURN(const uint64_t last, TxnLastSeq(txn, d, p->id));
-  p->next_seq = std::max(p->next_seq, last + 1);
-  return absl::OkStatus();
-}
-
 absl::StatusOr<PolicyRecord> TxnGetPolicyById(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id) {
   U64Key k(id);
   MDB_val v;
@@ -212,15 +95,8 @@ absl::StatusOr<PolicyRecord> TxnGetPolicyById(MDB_txn* txn, const Catalog::Dbis&
 
 absl::StatusOr<PolicyRecord> TxnGetPolicy(MDB_txn* txn, const Catalog::Dbis& d,
                                           const std::string& name) {
-  // A name no policy can have is refused before it reaches LMDB (an empty key is an LMDB error).
-  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
-  MDB_val v;
-  absl::Status st = Get(txn, d.policies, StrVal(name), &v, "policy");
-  if (absl::IsNotFound(st))
-    return absl::NotFoundError(absl::StrCat("no policy named '", name, "'"));
-  LORADB_RETURN_IF_ERROR(st);
-  if (v.mv_size != 8) return absl::DataLossError("catalog: policy name entry is not 8 bytes");
-  return TxnGetPolicyById(txn, d, GetBE64(v.mv_data));
+  LORADB_ASSIGN_OR_RETURN(const uint64_t id, catalog_lmdb::TxnPolicyIdByName(txn, d, name));
+  return TxnGetPolicyById(txn, d, id);
 }
 
 absl::Status TxnPutPolicy(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecord& p) {
@@ -243,19 +119,6 @@ absl::Status TxnPutRevision(MDB_txn* txn, const Catalog::Dbis& d, const Revision
   U64Key k(r.id);
   const std::string bytes = codec::EncodeRevision(r);
   return Put(txn, d.revisions, k.val(), StrVal(bytes), flags, "put revision");
-}
-
-// Looks up the alias; NotFound when unset.
-absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
-                                     const std::string& alias) {
-  const std::string key = AliasKey(policy_id, alias);
-  MDB_val v;
-  absl::Status st = Get(txn, d.aliases, StrVal(key), &v, "alias");
-  if (absl::IsNotFound(st))
-    return absl::NotFoundError(absl::StrCat("alias '", alias, "' is not set"));
-  LORADB_RETURN_IF_ERROR(st);
-  if (v.mv_size != 8) return absl::DataLossError("catalog: alias value is not 8 bytes");
-  return GetBE64(v.mv_data);
 }
 
 // The last log entry of an alias (its number in `seq`); NotFound when the log is empty.
@@ -291,13 +154,14 @@ absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecor
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; its aliases cannot move"));
   }
-  LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, TxnGetRevision(txn, d, to));
-  if (rev.policy_id != policy.id) {
+  CatalogViewScope scope;
+  LORADB_ASSIGN_OR_RETURN(RevisionView rev, TxnRevisionView(txn, d, to, scope));
+  if (rev.policy_id() != policy.id) {
     return absl::InvalidArgumentError(absl::StrCat("revision ", to,
-                                                   " belongs to another policy (id ", rev.policy_id,
-                                                   "), not '", policy.name, "'"));
+                                                   " belongs to another policy (id ",
+                                                   rev.policy_id(), "), not '", policy.name, "'"));
   }
-  if (rev.state != RevisionState::kLive) {
+  if (!rev.live()) {
     return absl::FailedPreconditionError(absl::StrCat("revision ", to, " is deleted"));
   }
   uint64_t from = 0;
@@ -395,7 +259,11 @@ absl::StatusOr<PolicyRecord> TxnCreatePolicy(MDB_txn* txn, const Catalog::Dbis& 
     return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
   }
   LORADB_RETURN_IF_ERROR(st);
-  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, p));
+  // Stored with next_seq 0, which FlatBuffers leaves out (8 bytes less per policy): the next seq
+  // is max(record, highest indexed seq + 1), 1 for a policy without revisions either way.
+  PolicyRecord stored = p;
+  stored.next_seq = 0;
+  LORADB_RETURN_IF_ERROR(TxnPutPolicy(txn, d, stored));
   return p;
 }
 
@@ -414,7 +282,8 @@ absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
         absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
   }
   if (nr.parent != 0) {
-    LORADB_RETURN_IF_ERROR(TxnGetRevision(txn, d, nr.parent).status());
+    CatalogViewScope scope;
+    LORADB_RETURN_IF_ERROR(TxnRevisionView(txn, d, nr.parent, scope).status());
   }
   LORADB_ASSIGN_OR_RETURN(uint64_t last_id, LastU64Key(txn, d.revisions));
   RevisionRecord r;
@@ -480,8 +349,10 @@ Catalog::Catalog(std::string dir, const CatalogOptions& options)
 Catalog::~Catalog() {
   {
     MutexLock lock(&pool_mu_);
-    for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
-    read_pool_.clear();
+    for (auto& slot : slots_) {
+      if (slot->txn != nullptr) mdb_txn_abort(slot->txn);
+      slot->txn = nullptr;
+    }
   }
   if (env_ != nullptr) mdb_env_close(env_);
 }
@@ -564,26 +435,8 @@ absl::Status Catalog::Init() {
 
   // Existing store: open the named databases in a read transaction; otherwise create them.
   auto open_all = [&](MDB_txn* txn, unsigned create) -> absl::Status {
-    struct {
-      const char* name;
-      MDB_dbi* dbi;
-      unsigned flags;
-    } dbs[] = {
-        {"meta", &dbi_->meta, 0},
-        {"bases", &dbi_->bases, 0},
-        {"policies", &dbi_->policies, 0},
-        {"policy_by_id", &dbi_->policy_by_id, 0},
-        {"revisions", &dbi_->revisions, 0},
-        {"policy_revisions", &dbi_->policy_revisions, MDB_DUPSORT | MDB_DUPFIXED},
-        {"aliases", &dbi_->aliases, 0},
-        {"alias_log", &dbi_->alias_log, 0},
-        {"checkpoints", &dbi_->checkpoints, 0},
-        {"policy_checkpoints", &dbi_->policy_checkpoints, MDB_DUPSORT | MDB_DUPFIXED},
-        {"blobs", &dbi_->blobs, 0},
-        {"revisions_by_blob", &dbi_->revisions_by_blob, MDB_DUPSORT | MDB_DUPFIXED},
-    };
-    for (auto& db : dbs) {
-      int r = mdb_dbi_open(txn, db.name, db.flags | create, db.dbi);
+    for (const catalog_lmdb::NamedDb& db : catalog_lmdb::kNamedDbs) {
+      int r = mdb_dbi_open(txn, db.name, db.flags | create, &(dbi_.get()->*db.dbi));
       if (r != 0) return LmdbError(r, absl::StrCat("open database ", db.name));
     }
     return absl::OkStatus();
@@ -658,27 +511,43 @@ absl::Status Catalog::Init() {
 
 // ---- transactions
 
-MDB_txn* Catalog::AcquireReadTxn() const {
+CatalogReadSlot* Catalog::AcquireReadSlot(int* rc) const {
+  CatalogReadSlot* slot = nullptr;
   {
     MutexLock lock(&pool_mu_);
-    while (!read_pool_.empty()) {
-      MDB_txn* t = read_pool_.back();
-      read_pool_.pop_back();
-      if (mdb_txn_renew(t) == 0) return t;
-      mdb_txn_abort(t);
+    if (idle_slots_.empty()) {
+      slots_.push_back(std::make_unique<CatalogReadSlot>());
+      slot = slots_.back().get();
+    } else {
+      slot = idle_slots_.back();
+      idle_slots_.pop_back();
     }
   }
-  return nullptr;
+  *rc = 0;
+  if (slot->txn != nullptr && mdb_txn_renew(slot->txn) != 0) {
+    mdb_txn_abort(slot->txn);
+    slot->txn = nullptr;
+  }
+  if (slot->txn == nullptr) *rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &slot->txn);
+  if (*rc != 0) {
+    slot->txn = nullptr;
+    MutexLock lock(&pool_mu_);
+    idle_slots_.push_back(slot);
+    return nullptr;
+  }
+  return slot;
 }
 
-void Catalog::ReleaseReadTxn(MDB_txn* txn) const {
-  mdb_txn_reset(txn);
+void Catalog::ReleaseReadSlot(CatalogReadSlot* slot) const {
+  // Views made in this transaction die here, before its pages can be reused.
+  slot->epoch.fetch_add(1, std::memory_order_release);
+  mdb_txn_reset(slot->txn);
   MutexLock lock(&pool_mu_);
-  if (read_pool_.size() < 64) {
-    read_pool_.push_back(txn);
-  } else {
-    mdb_txn_abort(txn);
+  if (idle_slots_.size() >= 64) {
+    mdb_txn_abort(slot->txn);  // the slot stays (stale views may still read its epoch)
+    slot->txn = nullptr;
   }
+  idle_slots_.push_back(slot);
 }
 
 int64_t Catalog::Now() const { return options_.clock ? options_.clock() : NowMicros(); }
@@ -686,9 +555,12 @@ int64_t Catalog::Now() const { return options_.clock ? options_.clock() : NowMic
 absl::Status Catalog::GrowMap(uint64_t at_least) {
   WriterMutexLock lock(&resize_mu_);
   {
+    // Every slot is idle here (a transaction holds resize_mu_ shared while it is open).
     MutexLock pool_lock(&pool_mu_);
-    for (MDB_txn* t : read_pool_) mdb_txn_abort(t);
-    read_pool_.clear();
+    for (CatalogReadSlot* slot : idle_slots_) {
+      if (slot->txn != nullptr) mdb_txn_abort(slot->txn);
+      slot->txn = nullptr;
+    }
   }
   MDB_envinfo info;
   mdb_env_info(env_, &info);
@@ -702,29 +574,39 @@ absl::Status Catalog::GrowMap(uint64_t at_least) {
   return absl::OkStatus();
 }
 
-absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) const {
+absl::Status Catalog::ViewInSlot(
+    const std::function<absl::Status(MDB_txn*, const CatalogReadSlot*)>& fn) const {
   for (int attempt = 0; attempt < 4; ++attempt) {
-    bool resized = false;
     {
       ReaderMutexLock lock(&resize_mu_);
-      MDB_txn* txn = AcquireReadTxn();
-      if (txn == nullptr) {
-        int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
-        if (rc == MDB_MAP_RESIZED) {
-          resized = true;
-        } else if (rc != 0) {
-          return LmdbError(rc, "begin read");
-        }
-      }
-      if (!resized) {
-        absl::Status st = fn(txn);
-        ReleaseReadTxn(txn);
+      int rc = 0;
+      CatalogReadSlot* slot = AcquireReadSlot(&rc);
+      if (slot != nullptr) {
+        absl::Status st = fn(slot->txn, slot);
+        ReleaseReadSlot(slot);
         return st;
       }
+      if (rc != MDB_MAP_RESIZED) return LmdbError(rc, "begin read");
     }
     LORADB_RETURN_IF_ERROR(const_cast<Catalog*>(this)->GrowMap(0));
   }
   return absl::InternalError("catalog: map kept resizing under a reader");
+}
+
+absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) const {
+  return ViewInSlot([&](MDB_txn* txn, const CatalogReadSlot*) { return fn(txn); });
+}
+
+absl::Status Catalog::Read(const std::function<absl::Status(const CatalogReader&)>& fn) const {
+  return ViewInSlot([&](MDB_txn* txn, const CatalogReadSlot* slot) -> absl::Status {
+    CatalogReader::State state;
+    state.txn = txn;
+    state.dbi = dbi_.get();
+    state.scope.slot = slot;
+    state.scope.epoch = slot->epoch.load(std::memory_order_relaxed);
+    const CatalogReader reader = CatalogViewAccess::MakeReader(&state);
+    return fn(reader);
+  });
 }
 
 absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
@@ -744,7 +626,7 @@ absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
       } else if (rc != 0) {
         return LmdbError(rc, "begin write");
       } else {
-        tl_map_full = false;
+        catalog_lmdb::ClearMapFull();
         absl::Status st = fn(txn);
         if (st.ok()) st = FaultPoint("catalog.before_commit");
         if (st.ok()) {
@@ -754,7 +636,7 @@ absl::Status Catalog::Update(const std::function<absl::Status(MDB_txn*)>& fn) {
         } else {
           mdb_txn_abort(txn);
         }
-        if (!tl_map_full) return st;
+        if (!catalog_lmdb::MapFull()) return st;
         MDB_envinfo info;
         mdb_env_info(env_, &info);
         grow_to = static_cast<uint64_t>(info.me_mapsize) * 2;
@@ -922,8 +804,9 @@ absl::StatusOr<std::vector<uint64_t>> Catalog::PublishBatch(
 
 absl::StatusOr<RevisionRecord> Catalog::GetRevision(uint64_t id) const {
   RevisionRecord out;
-  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    LORADB_ASSIGN_OR_RETURN(out, TxnGetRevision(txn, *dbi_, id));
+  LORADB_RETURN_IF_ERROR(Read([&](const CatalogReader& r) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(RevisionView v, r.Revision(id));
+    out = v.ToRecord();
     return absl::OkStatus();
   }));
   return out;
@@ -931,20 +814,9 @@ absl::StatusOr<RevisionRecord> Catalog::GetRevision(uint64_t id) const {
 
 absl::StatusOr<RevisionRecord> Catalog::GetRevisionBySeq(uint64_t policy_id, uint64_t seq) const {
   RevisionRecord out;
-  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    Cursor c(txn, dbi_->policy_revisions);
-    LORADB_RETURN_IF_ERROR(c.status());
-    U64Key pk(policy_id);
-    U128Key probe(seq, 0);
-    MDB_val k = pk.val(), v = probe.val();
-    int rc = c.Get(&k, &v, MDB_GET_BOTH_RANGE);
-    if (rc == MDB_NOTFOUND || (rc == 0 && (v.mv_size != 16 || GetBE64(v.mv_data) != seq))) {
-      return absl::NotFoundError(
-          absl::StrCat("policy id ", policy_id, " has no revision with seq ", seq));
-    }
-    if (rc != 0) return LmdbError(rc, "policy revision index");
-    LORADB_ASSIGN_OR_RETURN(
-        out, TxnGetRevision(txn, *dbi_, GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8)));
+  LORADB_RETURN_IF_ERROR(Read([&](const CatalogReader& r) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(RevisionView v, r.RevisionBySeq(policy_id, seq));
+    out = v.ToRecord();
     return absl::OkStatus();
   }));
   return out;
@@ -954,27 +826,9 @@ absl::StatusOr<RevisionRecord> Catalog::GetRevisionByAlias(uint64_t policy_id,
                                                            const std::string& alias) const {
   LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
   RevisionRecord out;
-  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    if (alias == kVirtualLatest) {
-      Cursor c(txn, dbi_->policy_revisions);
-      LORADB_RETURN_IF_ERROR(c.status());
-      U64Key pk(policy_id);
-      MDB_val k = pk.val(), v;
-      int rc = c.Get(&k, &v, MDB_SET);
-      if (rc == 0) rc = c.Get(&k, &v, MDB_LAST_DUP);
-      while (rc == 0) {
-        LORADB_ASSIGN_OR_RETURN(
-            out, TxnGetRevision(txn, *dbi_, GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8)));
-        if (out.state == RevisionState::kLive) return absl::OkStatus();
-        rc = c.Get(&k, &v, MDB_PREV_DUP);
-      }
-      if (rc != MDB_NOTFOUND) return LmdbError(rc, "policy revision index");
-      return absl::NotFoundError(
-          absl::StrCat("policy id ", policy_id, " has no live revision (alias 'latest')"));
-    }
-    auto id = TxnGetAlias(txn, *dbi_, policy_id, alias);
-    if (!id.ok()) return id.status();
-    LORADB_ASSIGN_OR_RETURN(out, TxnGetRevision(txn, *dbi_, *id));
+  LORADB_RETURN_IF_ERROR(Read([&](const CatalogReader& r) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(RevisionView v, r.RevisionByAlias(policy_id, alias));
+    out = v.ToRecord();
     return absl::OkStatus();
   }));
   return out;
@@ -986,6 +840,7 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListPolicyRevisions(uint64_t polic
   Page<RevisionRecord> page;
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     page = {};
+    CatalogViewScope scope;  // views die with this lambda; the page keeps owning records
     Cursor c(txn, dbi_->policy_revisions);
     LORADB_RETURN_IF_ERROR(c.status());
     if (after_seq == UINT64_MAX) return absl::OkStatus();
@@ -1002,8 +857,8 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListPolicyRevisions(uint64_t polic
         return absl::OkStatus();
       }
       const auto* e = static_cast<const uint8_t*>(v.mv_data);
-      LORADB_ASSIGN_OR_RETURN(RevisionRecord r, TxnGetRevision(txn, *dbi_, GetBE64(e + 8)));
-      if (include_deleted || r.state == RevisionState::kLive) page.items.push_back(std::move(r));
+      LORADB_ASSIGN_OR_RETURN(RevisionView r, TxnRevisionView(txn, *dbi_, GetBE64(e + 8), scope));
+      if (include_deleted || r.live()) page.items.push_back(r.ToRecord());
       rc = c.Get(&k, &v, MDB_NEXT_DUP);
     }
     if (rc != MDB_NOTFOUND) return LmdbError(rc, "policy revision index");
@@ -1018,6 +873,7 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListRevisions(uint64_t after_id, s
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     page = {};
     if (after_id == UINT64_MAX) return absl::OkStatus();
+    CatalogViewScope scope;  // views die with this lambda; the page keeps owning records
     Cursor c(txn, dbi_->revisions);
     LORADB_RETURN_IF_ERROR(c.status());
     U64Key start(after_id + 1);
@@ -1028,8 +884,8 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListRevisions(uint64_t after_id, s
         page.next_after = page.items.back().id;
         return absl::OkStatus();
       }
-      LORADB_ASSIGN_OR_RETURN(RevisionRecord r, codec::DecodeRevision(ValBytes(v)));
-      if (include_deleted || r.state == RevisionState::kLive) page.items.push_back(std::move(r));
+      LORADB_ASSIGN_OR_RETURN(RevisionView r, catalog_lmdb::ViewRevisionBytes(ValBytes(v), scope));
+      if (include_deleted || r.live()) page.items.push_back(r.ToRecord());
       rc = c.Get(&k, &v, MDB_NEXT);
     }
     if (rc != MDB_NOTFOUND) return LmdbError(rc, "revisions");
@@ -1133,8 +989,9 @@ absl::StatusOr<uint64_t> Catalog::Rollback(uint64_t policy_id, const std::string
       return absl::FailedPreconditionError(absl::StrCat("alias '", alias, "' of policy '", p.name,
                                                         "' has no earlier value to roll back to"));
     }
-    LORADB_ASSIGN_OR_RETURN(RevisionRecord r, TxnGetRevision(txn, *dbi_, target));
-    if (r.state != RevisionState::kLive) {
+    CatalogViewScope scope;
+    LORADB_ASSIGN_OR_RETURN(RevisionView r, TxnRevisionView(txn, *dbi_, target, scope));
+    if (!r.live()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot roll back alias '", alias, "': its earlier revision ", target, " is deleted"));
     }
@@ -1318,89 +1175,6 @@ absl::StatusOr<std::vector<uint64_t>> Catalog::ListRevisionsByBlob(const Hash128
   return out;
 }
 
-absl::StatusOr<uint64_t> Catalog::DataBytes() const {
-  MDB_envinfo info;
-  MDB_stat st;
-  int rc = mdb_env_info(env_, &info);
-  if (rc != 0) return LmdbError(rc, "env info");
-  rc = mdb_env_stat(env_, &st);
-  if (rc != 0) return LmdbError(rc, "env stat");
-  return static_cast<uint64_t>(info.me_last_pgno + 1) * st.ms_psize;
-}
-
-absl::StatusOr<CatalogSpace> Catalog::Space() const {
-  CatalogSpace out;
-  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    MDB_envinfo info;
-    int rc = mdb_env_info(env_, &info);
-    if (rc != 0) return LmdbError(rc, "env info");
-    out.used_pages = static_cast<uint64_t>(info.me_last_pgno) + 1;
-    auto stat_of = [&](MDB_dbi dbi, const char* name, bool count_bytes,
-                       CatalogDbSpace* db) -> absl::Status {
-      MDB_stat st;
-      const int r = mdb_stat(txn, dbi, &st);
-      if (r != 0) return LmdbError(r, absl::StrCat("stat ", name));
-      out.page_size = st.ms_psize;
-      db->name = name;
-      db->entries = st.ms_entries;
-      db->depth = st.ms_depth;
-      db->branch_pages = st.ms_branch_pages;
-      db->leaf_pages = st.ms_leaf_pages;
-      db->overflow_pages = st.ms_overflow_pages;
-      if (!count_bytes) return absl::OkStatus();
-      Cursor c(txn, dbi);
-      LORADB_RETURN_IF_ERROR(c.status());
-      MDB_val k, v;
-      for (int g = c.Get(&k, &v, MDB_FIRST); g != MDB_NOTFOUND; g = c.Get(&k, &v, MDB_NEXT)) {
-        if (g != 0) return LmdbError(g, absl::StrCat("scan ", name));
-        db->key_value_bytes += k.mv_size + v.mv_size;
-      }
-      return absl::OkStatus();
-    };
-    // dbi 1 is LMDB's main database (the table of named databases), dbi 0 its free list.
-    LORADB_RETURN_IF_ERROR(stat_of(1, "(main)", false, &out.main));
-    const std::pair<const char*, MDB_dbi> named[] = {
-        {"meta", dbi_->meta},
-        {"bases", dbi_->bases},
-        {"policies", dbi_->policies},
-        {"policy_by_id", dbi_->policy_by_id},
-        {"revisions", dbi_->revisions},
-        {"policy_revisions", dbi_->policy_revisions},
-        {"aliases", dbi_->aliases},
-        {"alias_log", dbi_->alias_log},
-        {"checkpoints", dbi_->checkpoints},
-        {"policy_checkpoints", dbi_->policy_checkpoints},
-        {"blobs", dbi_->blobs},
-        {"revisions_by_blob", dbi_->revisions_by_blob},
-    };
-    uint64_t accounted = out.meta_pages + out.main.pages();
-    for (const auto& [name, dbi] : named) {
-      CatalogDbSpace db;
-      LORADB_RETURN_IF_ERROR(stat_of(dbi, name, true, &db));
-      accounted += db.pages();
-      out.dbs.push_back(std::move(db));
-    }
-    CatalogDbSpace free_db;
-    LORADB_RETURN_IF_ERROR(stat_of(0, "(free)", false, &free_db));
-    out.freelist_pages = free_db.pages();
-    // Each free-list record is an array of page numbers whose first element is the count.
-    Cursor c(txn, 0);
-    LORADB_RETURN_IF_ERROR(c.status());
-    MDB_val k, v;
-    for (int g = c.Get(&k, &v, MDB_FIRST); g != MDB_NOTFOUND; g = c.Get(&k, &v, MDB_NEXT)) {
-      if (g != 0) return LmdbError(g, "scan free list");
-      if (v.mv_size < sizeof(size_t)) return absl::DataLossError("catalog: short free-list record");
-      size_t count = 0;
-      std::memcpy(&count, v.mv_data, sizeof(count));
-      out.free_pages += count;
-    }
-    accounted += out.freelist_pages + out.free_pages;
-    out.unaccounted_pages = out.used_pages > accounted ? out.used_pages - accounted : 0;
-    return absl::OkStatus();
-  }));
-  return out;
-}
-
 absl::StatusOr<uint64_t> Catalog::LastTxnId() const {
   MDB_envinfo info;
   const int rc = mdb_env_info(env_, &info);
@@ -1429,185 +1203,6 @@ absl::StatusOr<uint64_t> Catalog::CopySnapshot(const std::string& dest_dir) cons
   if (rc != 0) return ErrnoToStatus(err, absl::StrCat("catalog: fsync ", data));
   LORADB_RETURN_IF_ERROR(FsyncDirectory(dest_dir));
   return txnid;
-}
-
-}  // namespace loradb
-
-namespace loradb {
-
-absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
-  CatalogIntegrity out;
-  LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    out = CatalogIntegrity{};
-    auto problem = [&](std::string p) {
-      if (out.problems.size() < 1000) out.problems.push_back(std::move(p));
-    };
-    MDB_val k, v;
-    // Bases.
-    std::map<std::string, bool> bases;
-    {
-      Cursor c(txn, dbi_->bases);
-      LORADB_RETURN_IF_ERROR(c.status());
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        bases[std::string(static_cast<const char*>(k.mv_data), k.mv_size)] = true;
-      }
-    }
-    // Policies, both directions.
-    std::map<uint64_t, PolicyRecord> policies;
-    {
-      Cursor c(txn, dbi_->policy_by_id);
-      LORADB_RETURN_IF_ERROR(c.status());
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        auto p = codec::DecodePolicy(ValBytes(v));
-        if (!p.ok()) {
-          problem(std::string(p.status().message()));
-          continue;
-        }
-        if (!bases.count(p->base)) {
-          problem(absl::StrCat("policy '", p->name, "' names missing base '", p->base, "'"));
-        }
-        LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, *dbi_, &*p));
-        policies[p->id] = std::move(*p);
-      }
-    }
-    {
-      Cursor c(txn, dbi_->policies);
-      LORADB_RETURN_IF_ERROR(c.status());
-      size_t names = 0;
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        ++names;
-        const std::string name(static_cast<const char*>(k.mv_data), k.mv_size);
-        auto it = v.mv_size == 8 ? policies.find(GetBE64(v.mv_data)) : policies.end();
-        if (it == policies.end() || it->second.name != name) {
-          problem(absl::StrCat("policy name '", name, "' maps to a missing or different policy"));
-        }
-      }
-      if (names != policies.size()) {
-        problem(absl::StrCat(policies.size(), " policy records but ", names, " policy names"));
-      }
-    }
-    out.policies = policies.size();
-    // Blob references: live revisions and checkpoints.
-    std::map<std::pair<uint64_t, uint64_t>, uint64_t> refs;
-    auto add_ref = [&](const BlobRef& b) {
-      if (!b.empty()) ++refs[{b.hash.high, b.hash.low}];
-    };
-    std::map<uint64_t, std::pair<uint64_t, uint64_t>> rev_policy_seq;  // id -> (policy, seq)
-    std::map<uint64_t, bool> live;
-    {
-      Cursor c(txn, dbi_->revisions);
-      LORADB_RETURN_IF_ERROR(c.status());
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        ++out.revisions;
-        auto r = codec::DecodeRevision(ValBytes(v));
-        if (!r.ok()) {
-          problem(std::string(r.status().message()));
-          continue;
-        }
-        if (k.mv_size != 8 || GetBE64(k.mv_data) != r->id) {
-          problem(absl::StrCat("revision ", r->id, " is stored under another key"));
-        }
-        auto pit = policies.find(r->policy_id);
-        if (pit == policies.end()) {
-          problem(absl::StrCat("revision ", r->id, " names missing policy id ", r->policy_id));
-        } else if (r->seq == 0 || r->seq >= pit->second.next_seq) {
-          problem(absl::StrCat("revision ", r->id, " has seq ", r->seq, " outside policy '",
-                               pit->second.name, "' (next seq ", pit->second.next_seq, ")"));
-        }
-        if (!bases.count(r->base)) {
-          problem(absl::StrCat("revision ", r->id, " names missing base '", r->base, "'"));
-        }
-        rev_policy_seq[r->id] = {r->policy_id, r->seq};
-        live[r->id] = r->state == RevisionState::kLive;
-        if (r->state == RevisionState::kLive) {
-          ++out.live_revisions;
-          add_ref(r->blob);
-        }
-      }
-    }
-    // The policy -> revisions index must match the revisions exactly.
-    {
-      Cursor c(txn, dbi_->policy_revisions);
-      LORADB_RETURN_IF_ERROR(c.status());
-      uint64_t entries = 0;
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        ++entries;
-        const uint64_t pid = GetBE64(k.mv_data);
-        const uint64_t seq = GetBE64(v.mv_data);
-        const uint64_t id = GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8);
-        auto it = rev_policy_seq.find(id);
-        if (it == rev_policy_seq.end() || it->second != std::make_pair(pid, seq)) {
-          problem(absl::StrCat("index entry (policy ", pid, ", seq ", seq, ") -> revision ", id,
-                               " does not match a revision"));
-        }
-      }
-      if (entries != out.revisions) {
-        problem(absl::StrCat(out.revisions, " revisions but ", entries, " index entries"));
-      }
-    }
-    // Aliases.
-    {
-      Cursor c(txn, dbi_->aliases);
-      LORADB_RETURN_IF_ERROR(c.status());
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        ++out.aliases;
-        const uint64_t pid = GetBE64(k.mv_data);
-        const std::string alias(static_cast<const char*>(k.mv_data) + 8, k.mv_size - 8);
-        const uint64_t id = v.mv_size == 8 ? GetBE64(v.mv_data) : 0;
-        auto it = rev_policy_seq.find(id);
-        if (it == rev_policy_seq.end() || it->second.first != pid || !live[id]) {
-          problem(absl::StrCat("alias '", alias, "' of policy id ", pid,
-                               " points at missing, deleted or foreign revision ", id));
-        }
-      }
-    }
-    // Checkpoints.
-    {
-      Cursor c(txn, dbi_->checkpoints);
-      LORADB_RETURN_IF_ERROR(c.status());
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        ++out.checkpoints;
-        auto ck = codec::DecodeCheckpoint(ValBytes(v));
-        if (!ck.ok()) {
-          problem(std::string(ck.status().message()));
-          continue;
-        }
-        if (!policies.count(ck->policy_id)) {
-          problem(absl::StrCat("checkpoint ", ck->id, " names missing policy id ", ck->policy_id));
-        }
-        for (const BlobRef* b : {&ck->master, &ck->optimizer, &ck->gradients, &ck->rollout}) {
-          add_ref(*b);
-        }
-      }
-    }
-    // Blob records against counted references.
-    {
-      Cursor c(txn, dbi_->blobs);
-      LORADB_RETURN_IF_ERROR(c.status());
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        auto b = codec::DecodeBlob(ValBytes(v));
-        if (!b.ok() || k.mv_size != 16) {
-          problem("corrupt blob record");
-          continue;
-        }
-        b->hash = Hash128{GetBE64(k.mv_data), GetBE64(static_cast<const uint8_t*>(k.mv_data) + 8)};
-        auto it = refs.find({b->hash.high, b->hash.low});
-        const uint64_t counted = it == refs.end() ? 0 : it->second;
-        if (counted != b->refcount) {
-          problem(absl::StrCat("blob ", b->hash.Hex(), " has refcount ", b->refcount, " but ",
-                               counted, " references"));
-        }
-        if (it != refs.end()) refs.erase(it);
-        out.blobs.push_back(std::move(*b));
-      }
-      for (const auto& [h, n] : refs) {
-        problem(absl::StrCat("blob ", Hash128{h.first, h.second}.Hex(), " is referenced ", n,
-                             " times but has no record"));
-      }
-    }
-    return absl::OkStatus();
-  }));
-  return out;
 }
 
 }  // namespace loradb

@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "storage/catalog/records.h"
 #include "storage/util/mutex.h"
 
@@ -123,6 +124,103 @@ struct CatalogSpace {
   uint64_t unaccounted_pages = 0;
 };
 
+
+// ---- zero-copy reads
+//
+// Catalog::Read hands its callback a CatalogReader: one read transaction (a consistent snapshot)
+// whose lookups return views. A view is a record verified once and read where LMDB keeps it, with
+// no copy and no allocation, and like LMDB's MDB_val it is valid only while its transaction is:
+// inside the callback that received the reader. Every accessor checks that and aborts the process
+// with a message when the transaction has ended (by then a later commit may have reused the page).
+// To keep a record, take the owning copy (ToRecord) inside the callback.
+
+struct CatalogReadSlot;  // a pooled read transaction (catalog.cc)
+
+// A verified revision record inside a read transaction. Default-constructed: empty (no accessor
+// may be called).
+class RevisionView {
+ public:
+  RevisionView() = default;
+
+  uint64_t id() const;
+  uint64_t policy_id() const;
+  uint64_t seq() const;
+  absl::string_view base() const;
+  uint64_t parent() const;
+  SourceKind source_kind() const;
+  uint64_t source_checkpoint_id() const;  // 0 for imports
+  int32_t lora_r() const;
+  float lora_alpha() const;
+  absl::string_view dtype() const;
+  Layout layout() const;
+  BlobRef blob() const;
+  int64_t created_us() const;
+  RevisionState state() const;
+  bool live() const { return state() == RevisionState::kLive; }
+  // The owning record (every field, evals included).
+  RevisionRecord ToRecord() const;
+
+ private:
+  friend struct CatalogViewAccess;
+  RevisionView(const void* table, const CatalogReadSlot* slot, uint64_t epoch)
+      : table_(table), slot_(slot), epoch_(epoch) {}
+  // The table; aborts with a message when the view is empty or its transaction has ended.
+  const void* checked_table() const;
+
+  const void* table_ = nullptr;            // the verified fb::Revision
+  const CatalogReadSlot* slot_ = nullptr;  // null inside the catalog's own write transactions
+  uint64_t epoch_ = 0;                     // the slot's epoch when the view was made
+};
+
+// A verified policy record inside a read transaction (same rules as RevisionView). The stored
+// next_seq is a lower bound (kCatalogSchemaVersion), so the view does not offer it.
+class PolicyView {
+ public:
+  PolicyView() = default;
+
+  uint64_t id() const;
+  absl::string_view name() const;
+  absl::string_view base() const;
+  bool archived() const;
+  int64_t created_us() const;
+
+ private:
+  friend struct CatalogViewAccess;
+  PolicyView(const void* table, const CatalogReadSlot* slot, uint64_t epoch)
+      : table_(table), slot_(slot), epoch_(epoch) {}
+  const void* checked_table() const;
+
+  const void* table_ = nullptr;  // the verified fb::Policy
+  const CatalogReadSlot* slot_ = nullptr;
+  uint64_t epoch_ = 0;
+};
+
+// One read transaction, handed to Catalog::Read's callback. Lookups return views valid until
+// the callback returns. Errors as the owning lookups of Catalog: NotFound, InvalidArgument for a
+// bad name, DataLoss for a record that fails verification.
+class CatalogReader {
+ public:
+  CatalogReader(const CatalogReader&) = delete;
+  CatalogReader& operator=(const CatalogReader&) = delete;
+
+  [[nodiscard]] absl::StatusOr<RevisionView> Revision(uint64_t id) const;
+  [[nodiscard]] absl::StatusOr<RevisionView> RevisionBySeq(uint64_t policy_id, uint64_t seq) const;
+  // As Catalog::GetRevisionByAlias (`latest` is the live revision with the highest seq).
+  [[nodiscard]] absl::StatusOr<RevisionView> RevisionByAlias(uint64_t policy_id,
+                                                             const std::string& alias) const;
+  // The id of the policy called `name` (one lookup; no record is read).
+  [[nodiscard]] absl::StatusOr<uint64_t> PolicyId(const std::string& name) const;
+  [[nodiscard]] absl::StatusOr<PolicyView> Policy(const std::string& name) const;
+  [[nodiscard]] absl::StatusOr<PolicyView> PolicyById(uint64_t id) const;
+
+ private:
+  friend class Catalog;
+  friend struct CatalogViewAccess;
+  struct State;
+  explicit CatalogReader(State* state) : state_(state) {}
+  State* state_;
+};
+
 class Catalog {
  public:
   // Opens (or creates) the environment in `dir` (created if missing). A second Open of the same
@@ -137,7 +235,7 @@ class Catalog {
   [[nodiscard]] static absl::Status CheckStoreDirectory(const std::string& dir);
 
   ~Catalog();
-  // The named-database handles (internal to catalog.cc).
+  // The named-database handles (defined in storage/catalog/lmdb_txn.h, internal).
   struct Dbis;
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
@@ -188,6 +286,11 @@ class Catalog {
   // All revisions in id order, id > `after_id`, at most `limit` (0: no limit).
   [[nodiscard]] absl::StatusOr<Page<RevisionRecord>> ListRevisions(
       uint64_t after_id, size_t limit, bool include_deleted = false) const;
+  // Runs `fn` in one short read transaction (a pooled one, renewed) with a reader whose lookups
+  // return zero-copy views (above). Returns fn's status, or the error of beginning the
+  // transaction. `fn` must not write to the catalog (a write would wait for a map resize this
+  // transaction blocks) and should not wait on I/O: the snapshot pins pages until it returns.
+  [[nodiscard]] absl::Status Read(const std::function<absl::Status(const CatalogReader&)>& fn) const;
   // Calls `fn` for every revision record in id order inside one read transaction, without
   // decoding into RevisionRecord (for scans). `fn` gets the id and the raw FlatBuffers bytes.
   [[nodiscard]] absl::Status ScanRevisionsRaw(
@@ -255,6 +358,7 @@ class Catalog {
   [[nodiscard]] absl::StatusOr<uint64_t> CopySnapshot(const std::string& dest_dir) const;
 
  private:
+  friend class RawRevisionProbe;  // reads env_ and the revisions handle (raw_probe.h)
   Catalog(std::string dir, const CatalogOptions& options);
   [[nodiscard]] absl::Status Init();
   // Runs `fn` in a write transaction and commits; on MDB_MAP_FULL aborts, grows the map with no
@@ -262,11 +366,17 @@ class Catalog {
   [[nodiscard]] absl::Status Update(const std::function<absl::Status(MDB_txn*)>& fn);
   // Runs `fn` in a short read transaction (a renewed one from the pool).
   [[nodiscard]] absl::Status View(const std::function<absl::Status(MDB_txn*)>& fn) const;
+  // View, also handing `fn` the pool slot of the transaction (views record it).
+  [[nodiscard]] absl::Status ViewInSlot(
+      const std::function<absl::Status(MDB_txn*, const CatalogReadSlot*)>& fn) const;
   [[nodiscard]] absl::Status GrowMap(uint64_t at_least) ABSL_LOCKS_EXCLUDED(resize_mu_);
   // options_.clock, or the system clock (unix microseconds).
   int64_t Now() const;
-  MDB_txn* AcquireReadTxn() const;
-  void ReleaseReadTxn(MDB_txn* txn) const;
+  // A pool slot with a renewed read transaction; nullptr with *rc set when none could begin
+  // (MDB_MAP_RESIZED: the caller adopts the new size and retries).
+  CatalogReadSlot* AcquireReadSlot(int* rc) const;
+  // Ends the slot's transaction (reset), advancing its epoch so its views die with it.
+  void ReleaseReadSlot(CatalogReadSlot* slot) const;
 
   std::string dir_;
   CatalogOptions options_;
@@ -279,7 +389,10 @@ class Catalog {
   // loradb::Mutex, not absl::Mutex: visible to ThreadSanitizer (storage/util/mutex.h).
   mutable SharedMutex resize_mu_;
   mutable Mutex pool_mu_;
-  mutable std::vector<MDB_txn*> read_pool_ ABSL_GUARDED_BY(pool_mu_);
+  // Every slot ever made (they live as long as the Catalog, so a stale view can still read its
+  // slot's epoch) and the idle ones.
+  mutable std::vector<std::unique_ptr<CatalogReadSlot>> slots_ ABSL_GUARDED_BY(pool_mu_);
+  mutable std::vector<CatalogReadSlot*> idle_slots_ ABSL_GUARDED_BY(pool_mu_);
 };
 
 }  // namespace loradb

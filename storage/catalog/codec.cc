@@ -8,11 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "schema/catalog_generated.h"
+#include "storage/catalog/codec_tables.h"
 
 namespace loradb::catalog_codec {
 namespace {
-
-namespace fb = ::loradb::catalog::fb;
 using flatbuffers::FlatBufferBuilder;
 using flatbuffers::Offset;
 
@@ -33,15 +32,6 @@ Offset<fb::BlobRef> EncodeBlobRef(FlatBufferBuilder& b, const BlobRef& r) {
   return fb::CreateBlobRef(b, &h, r.bytes, r.tensors);
 }
 
-BlobRef DecodeBlobRef(const fb::BlobRef* r) {
-  BlobRef out;
-  if (r == nullptr) return out;
-  if (r->hash() != nullptr) out.hash = Hash128{r->hash()->high(), r->hash()->low()};
-  out.bytes = r->bytes();
-  out.tensors = r->tensors();
-  return out;
-}
-
 // A verified root table. When the record's bytes were not 8-byte aligned (LMDB values are only
 // 2-byte aligned), `root` points into an aligned heap copy that lives as long as this object:
 // FlatBuffers reads its scalars in place, and a misaligned load is undefined behaviour (UBSan).
@@ -52,7 +42,7 @@ struct VerifiedRoot {
   const T* operator->() const { return root; }
 };
 
-// Verifies `b` as a T and checks its layout version.
+// Verifies `b` as a T (through an aligned copy when `b` is not 8-byte aligned).
 template <typename T>
 absl::StatusOr<VerifiedRoot<T>> Root(Bytes b, const char* what) {
   VerifiedRoot<T> out;
@@ -61,21 +51,22 @@ absl::StatusOr<VerifiedRoot<T>> Root(Bytes b, const char* what) {
     std::memcpy(out.aligned_copy.get(), b.data(), b.size());
     b = Bytes(reinterpret_cast<const uint8_t*>(out.aligned_copy.get()), b.size());
   }
-  flatbuffers::Verifier v(b.data(), b.size());
-  if (!v.VerifyBuffer<T>(nullptr)) {
-    return absl::DataLossError(absl::StrCat("catalog: corrupt ", what, " record (", b.size(),
-                                            " bytes fail FlatBuffers verification)"));
-  }
-  out.root = flatbuffers::GetRoot<T>(b.data());
-  if (out.root->version() > 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("catalog: ", what, " record has layout version ", out.root->version(),
-                     ", newer than this build understands (1); upgrade loradb"));
-  }
+  auto root = VerifyTable<T>(b, what);
+  if (!root.ok()) return root.status();
+  out.root = *root;
   return out;
 }
 
 }  // namespace
+
+BlobRef BlobRefFromTable(const fb::BlobRef* r) {
+  BlobRef out;
+  if (r == nullptr) return out;
+  if (r->hash() != nullptr) out.hash = Hash128{r->hash()->high(), r->hash()->low()};
+  out.bytes = r->bytes();
+  out.tensors = r->tensors();
+  return out;
+}
 
 std::string EncodeBase(const BaseRecord& r) {
   FlatBufferBuilder b(512);
@@ -141,10 +132,8 @@ std::string EncodePolicy(const PolicyRecord& r) {
   return Finish(b);
 }
 
-absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes) {
-  auto root = Root<fb::Policy>(bytes, "policy");
-  if (!root.ok()) return root.status();
-  const fb::Policy* p = root->root;
+PolicyRecord PolicyFromTable(const fb::Policy& table) {
+  const fb::Policy* p = &table;
   PolicyRecord r;
   r.id = p->id();
   r.name = Str(p->name());
@@ -156,6 +145,12 @@ absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes) {
   r.archived = p->archived();
   r.next_seq = p->next_seq();
   return r;
+}
+
+absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes) {
+  auto root = Root<fb::Policy>(bytes, "policy");
+  if (!root.ok()) return root.status();
+  return PolicyFromTable(*root->root);
 }
 
 std::string EncodeRevision(const RevisionRecord& r) {
@@ -192,10 +187,8 @@ std::string EncodeRevision(const RevisionRecord& r) {
   return Finish(b);
 }
 
-absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes) {
-  auto root = Root<fb::Revision>(bytes, "revision");
-  if (!root.ok()) return root.status();
-  const fb::Revision* v = root->root;
+RevisionRecord RevisionFromTable(const fb::Revision& table) {
+  const fb::Revision* v = &table;
   RevisionRecord r;
   r.id = v->id();
   r.policy_id = v->policy_id();
@@ -224,13 +217,19 @@ absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes) {
   }
   r.dtype = Str(v->dtype());
   r.layout = static_cast<Layout>(v->layout());
-  r.blob = DecodeBlobRef(v->blob());
+  r.blob = BlobRefFromTable(v->blob());
   r.created_us = v->created_us();
   r.state = static_cast<RevisionState>(v->state());
   if (v->evals() != nullptr) {
     for (const auto* e : *v->evals()) r.evals[Str(e->name())] = e->value();
   }
   return r;
+}
+
+absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes) {
+  auto root = Root<fb::Revision>(bytes, "revision");
+  if (!root.ok()) return root.status();
+  return RevisionFromTable(*root->root);
 }
 
 absl::StatusOr<RevisionState> DecodeRevisionState(Bytes bytes) {
@@ -283,16 +282,16 @@ absl::StatusOr<CheckpointRecord> DecodeCheckpoint(Bytes bytes) {
   r.policy_id = c->policy_id();
   r.step = c->step();
   r.parent = c->parent();
-  r.master = DecodeBlobRef(c->master());
-  r.optimizer = DecodeBlobRef(c->optimizer());
-  r.gradients = DecodeBlobRef(c->gradients());
+  r.master = BlobRefFromTable(c->master());
+  r.optimizer = BlobRefFromTable(c->optimizer());
+  r.gradients = BlobRefFromTable(c->gradients());
   r.scheduler_name = Str(c->scheduler_name());
   r.scheduler_position = c->scheduler_position();
   if (c->rng_state() != nullptr) {
     r.rng_state.assign(reinterpret_cast<const char*>(c->rng_state()->data()),
                        c->rng_state()->size());
   }
-  r.rollout = DecodeBlobRef(c->rollout());
+  r.rollout = BlobRefFromTable(c->rollout());
   r.created_us = c->created_us();
   return r;
 }

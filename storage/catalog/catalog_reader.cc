@@ -1,0 +1,174 @@
+// CatalogReader and the view lookups of one transaction: verify a record once, view it in place.
+#include <lmdb.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "storage/catalog/catalog.h"
+#include "storage/catalog/codec_tables.h"
+#include "storage/catalog/lmdb_txn.h"
+#include "storage/util/status_macros.h"
+
+namespace loradb {
+
+namespace codec = catalog_codec;
+
+std::span<const uint8_t> CatalogAlignedCopies::Align(std::span<const uint8_t> b) {
+  if (reinterpret_cast<uintptr_t>(b.data()) % alignof(uint64_t) == 0) return b;
+  copies_.push_back(std::make_unique<uint64_t[]>((b.size() + 7) / 8));
+  std::memcpy(copies_.back().get(), b.data(), b.size());
+  return {reinterpret_cast<const uint8_t*>(copies_.back().get()), b.size()};
+}
+
+namespace catalog_lmdb {
+namespace {
+
+constexpr absl::string_view kVirtualLatest = "latest";
+
+uint64_t IndexEntryId(const MDB_val& v) {
+  return GetBE64(static_cast<const uint8_t*>(v.mv_data) + 8);
+}
+
+}  // namespace
+
+std::string AliasKey(uint64_t policy_id, absl::string_view alias) {
+  std::string k(8, '\0');
+  PutBE64(reinterpret_cast<uint8_t*>(k.data()), policy_id);
+  k.append(alias.data(), alias.size());
+  return k;
+}
+
+absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes,
+                                               CatalogViewScope& scope) {
+  LORADB_ASSIGN_OR_RETURN(const codec::fb::Revision* table,
+                          codec::VerifyTable<codec::fb::Revision>(scope.copies.Align(bytes),
+                                                                  "revision"));
+  return CatalogViewAccess::MakeRevision(table, scope);
+}
+
+absl::StatusOr<RevisionView> TxnRevisionView(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
+                                             CatalogViewScope& scope) {
+  U64Key k(id);
+  MDB_val v;
+  absl::Status st = Get(txn, d.revisions, k.val(), &v, "revision");
+  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no revision with id ", id));
+  LORADB_RETURN_IF_ERROR(st);
+  return ViewRevisionBytes(ValBytes(v), scope);
+}
+
+absl::StatusOr<RevisionView> TxnRevisionViewBySeq(MDB_txn* txn, const Catalog::Dbis& d,
+                                                  uint64_t policy_id, uint64_t seq,
+                                                  CatalogViewScope& scope) {
+  Cursor c(txn, d.policy_revisions);
+  LORADB_RETURN_IF_ERROR(c.status());
+  U64Key pk(policy_id);
+  U128Key probe(seq, 0);
+  MDB_val k = pk.val(), v = probe.val();
+  int rc = c.Get(&k, &v, MDB_GET_BOTH_RANGE);
+  if (rc == MDB_NOTFOUND || (rc == 0 && (v.mv_size != 16 || GetBE64(v.mv_data) != seq))) {
+    return absl::NotFoundError(
+        absl::StrCat("policy id ", policy_id, " has no revision with seq ", seq));
+  }
+  if (rc != 0) return LmdbError(rc, "policy revision index");
+  return TxnRevisionView(txn, d, IndexEntryId(v), scope);
+}
+
+absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
+                                     const std::string& alias) {
+  const std::string key = AliasKey(policy_id, alias);
+  MDB_val v;
+  absl::Status st = Get(txn, d.aliases, StrVal(key), &v, "alias");
+  if (absl::IsNotFound(st)) {
+    return absl::NotFoundError(absl::StrCat("alias '", alias, "' is not set"));
+  }
+  LORADB_RETURN_IF_ERROR(st);
+  if (v.mv_size != 8) return absl::DataLossError("catalog: alias value is not 8 bytes");
+  return GetBE64(v.mv_data);
+}
+
+absl::StatusOr<RevisionView> TxnRevisionViewByAlias(MDB_txn* txn, const Catalog::Dbis& d,
+                                                    uint64_t policy_id, const std::string& alias,
+                                                    CatalogViewScope& scope) {
+  LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
+  if (alias != kVirtualLatest) {
+    LORADB_ASSIGN_OR_RETURN(const uint64_t id, TxnGetAlias(txn, d, policy_id, alias));
+    return TxnRevisionView(txn, d, id, scope);
+  }
+  // `latest`: walk the policy's index from its highest seq down to the first live revision.
+  Cursor c(txn, d.policy_revisions);
+  LORADB_RETURN_IF_ERROR(c.status());
+  U64Key pk(policy_id);
+  MDB_val k = pk.val(), v;
+  int rc = c.Get(&k, &v, MDB_SET);
+  if (rc == 0) rc = c.Get(&k, &v, MDB_LAST_DUP);
+  while (rc == 0) {
+    LORADB_ASSIGN_OR_RETURN(RevisionView r, TxnRevisionView(txn, d, IndexEntryId(v), scope));
+    if (r.live()) return r;
+    rc = c.Get(&k, &v, MDB_PREV_DUP);
+  }
+  if (rc != MDB_NOTFOUND) return LmdbError(rc, "policy revision index");
+  return absl::NotFoundError(
+      absl::StrCat("policy id ", policy_id, " has no live revision (alias 'latest')"));
+}
+
+absl::StatusOr<PolicyView> TxnPolicyViewById(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
+                                             CatalogViewScope& scope) {
+  U64Key k(id);
+  MDB_val v;
+  absl::Status st = Get(txn, d.policy_by_id, k.val(), &v, "policy");
+  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no policy with id ", id));
+  LORADB_RETURN_IF_ERROR(st);
+  LORADB_ASSIGN_OR_RETURN(
+      const codec::fb::Policy* table,
+      codec::VerifyTable<codec::fb::Policy>(scope.copies.Align(ValBytes(v)), "policy"));
+  return CatalogViewAccess::MakePolicy(table, scope);
+}
+
+absl::StatusOr<uint64_t> TxnPolicyIdByName(MDB_txn* txn, const Catalog::Dbis& d,
+                                           const std::string& name) {
+  // A name no policy can have is refused before it reaches LMDB (an empty key is an LMDB error).
+  LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
+  MDB_val v;
+  absl::Status st = Get(txn, d.policies, StrVal(name), &v, "policy");
+  if (absl::IsNotFound(st)) {
+    return absl::NotFoundError(absl::StrCat("no policy named '", name, "'"));
+  }
+  LORADB_RETURN_IF_ERROR(st);
+  if (v.mv_size != 8) return absl::DataLossError("catalog: policy name entry is not 8 bytes");
+  return GetBE64(v.mv_data);
+}
+
+}  // namespace catalog_lmdb
+
+// ---- CatalogReader
+
+absl::StatusOr<RevisionView> CatalogReader::Revision(uint64_t id) const {
+  return catalog_lmdb::TxnRevisionView(state_->txn, *state_->dbi, id, state_->scope);
+}
+
+absl::StatusOr<RevisionView> CatalogReader::RevisionBySeq(uint64_t policy_id, uint64_t seq) const {
+  return catalog_lmdb::TxnRevisionViewBySeq(state_->txn, *state_->dbi, policy_id, seq,
+                                            state_->scope);
+}
+
+absl::StatusOr<RevisionView> CatalogReader::RevisionByAlias(uint64_t policy_id,
+                                                            const std::string& alias) const {
+  return catalog_lmdb::TxnRevisionViewByAlias(state_->txn, *state_->dbi, policy_id, alias,
+                                              state_->scope);
+}
+
+absl::StatusOr<uint64_t> CatalogReader::PolicyId(const std::string& name) const {
+  return catalog_lmdb::TxnPolicyIdByName(state_->txn, *state_->dbi, name);
+}
+
+absl::StatusOr<PolicyView> CatalogReader::Policy(const std::string& name) const {
+  LORADB_ASSIGN_OR_RETURN(const uint64_t id, PolicyId(name));
+  return PolicyById(id);
+}
+
+absl::StatusOr<PolicyView> CatalogReader::PolicyById(uint64_t id) const {
+  return catalog_lmdb::TxnPolicyViewById(state_->txn, *state_->dbi, id, state_->scope);
+}
+
+}  // namespace loradb

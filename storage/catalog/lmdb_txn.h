@@ -1,0 +1,194 @@
+// LMDB plumbing shared by the catalog's source files (catalog.cc, catalog_integrity.cc,
+// catalog_space.cc, revision_view.cc): the named-database handles, error mapping, a cursor and
+// the key/value helpers. Internal to storage/catalog; nothing outside it includes this header.
+#ifndef LORADB_STORAGE_CATALOG_LMDB_TXN_H_
+#define LORADB_STORAGE_CATALOG_LMDB_TXN_H_
+
+#include <lmdb.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "storage/catalog/catalog.h"
+#include "storage/catalog/key_encoding.h"
+#include "storage/catalog/records.h"
+
+namespace loradb {
+
+// The handles of the named databases, opened once in Catalog::Init.
+struct Catalog::Dbis {
+  MDB_dbi meta = 0;
+  MDB_dbi bases = 0;
+  MDB_dbi policies = 0;
+  MDB_dbi policy_by_id = 0;
+  MDB_dbi revisions = 0;
+  MDB_dbi policy_revisions = 0;
+  MDB_dbi aliases = 0;
+  MDB_dbi alias_log = 0;
+  MDB_dbi checkpoints = 0;
+  MDB_dbi policy_checkpoints = 0;
+  MDB_dbi blobs = 0;
+  MDB_dbi revisions_by_blob = 0;  // schema v2
+};
+
+// A pooled read transaction. Its epoch advances each time the transaction ends (reset or
+// abort); a view remembers the epoch it was made in, so a view used after its transaction is
+// recognised. Slots live as long as their Catalog.
+struct CatalogReadSlot {
+  MDB_txn* txn = nullptr;
+  std::atomic<uint64_t> epoch{0};
+};
+
+// Aligned copies of values LMDB returned at addresses FlatBuffers cannot read in place (LMDB
+// aligns values to 2 bytes only; the catalog's own fixed-width-key databases hold 8-aligned
+// values in practice, so this is the rare path). The copies live as long as this object.
+class CatalogAlignedCopies {
+ public:
+  // `b` itself when it is 8-byte aligned, else an aligned copy.
+  std::span<const uint8_t> Align(std::span<const uint8_t> b);
+
+ private:
+  std::vector<std::unique_ptr<uint64_t[]>> copies_;
+};
+
+// Where views made inside one transaction belong: the slot they check (null in the catalog's
+// own write transactions, whose views never leave the function that made them), its epoch at
+// the start of the transaction, and the copies of misaligned values.
+struct CatalogViewScope {
+  const CatalogReadSlot* slot = nullptr;
+  uint64_t epoch = 0;
+  CatalogAlignedCopies copies;
+};
+
+struct CatalogReader::State {
+  MDB_txn* txn = nullptr;
+  const Catalog::Dbis* dbi = nullptr;
+  CatalogViewScope scope;
+};
+
+// Builds views and readers (their constructors are private) and reads a view's table.
+struct CatalogViewAccess {
+  static RevisionView MakeRevision(const void* table, const CatalogViewScope& s) {
+    return RevisionView(table, s.slot, s.epoch);
+  }
+  static PolicyView MakePolicy(const void* table, const CatalogViewScope& s) {
+    return PolicyView(table, s.slot, s.epoch);
+  }
+  static CatalogReader MakeReader(CatalogReader::State* state) { return CatalogReader(state); }
+  static CatalogReader::State& StateOf(const CatalogReader& r) { return *r.state_; }
+};
+
+namespace catalog_lmdb {
+
+using catalog_keys::GetBE64;
+using catalog_keys::PutBE64;
+
+// One named database: its name in the file, its handle in Dbis and its mdb_dbi_open flags.
+struct NamedDb {
+  const char* name;
+  MDB_dbi Catalog::Dbis::*dbi;
+  unsigned flags;
+};
+// Every named database, in the order docs/format-catalog.md lists them.
+extern const std::array<NamedDb, 12> kNamedDbs;
+
+// An LMDB return code as a status naming `what` (NotFound, AlreadyExists, ResourceExhausted for
+// a full map or reader table, DataLoss for corruption, ...). MDB_MAP_FULL also raises this
+// thread's map-full flag (below), so the write loop can grow the map and retry.
+absl::Status LmdbError(int rc, absl::string_view what);
+// The map-full flag of this thread: cleared before a write transaction runs, read after it.
+void ClearMapFull();
+bool MapFull();
+
+// RAII cursor.
+class Cursor {
+ public:
+  Cursor(MDB_txn* txn, MDB_dbi dbi) { rc_ = mdb_cursor_open(txn, dbi, &c_); }
+  ~Cursor() {
+    if (c_ != nullptr) mdb_cursor_close(c_);
+  }
+  Cursor(const Cursor&) = delete;
+  Cursor& operator=(const Cursor&) = delete;
+  absl::Status status() const {
+    return rc_ == 0 ? absl::OkStatus() : LmdbError(rc_, "cursor open");
+  }
+  // Returns 0, MDB_NOTFOUND, or an error code.
+  int Get(MDB_val* k, MDB_val* v, MDB_cursor_op op) { return mdb_cursor_get(c_, k, v, op); }
+  MDB_cursor* get() { return c_; }
+
+ private:
+  MDB_cursor* c_ = nullptr;
+  int rc_ = 0;
+};
+
+// A u64 key (8 big-endian bytes).
+struct U64Key {
+  explicit U64Key(uint64_t v) { PutBE64(b.data(), v); }
+  MDB_val val() { return {8, b.data()}; }
+  std::array<uint8_t, 8> b;
+};
+
+// (a, b) as 16 big-endian bytes: the DUPFIXED value of the policy -> revisions/checkpoints
+// indexes, and the blob hash key.
+struct U128Key {
+  U128Key(uint64_t a, uint64_t c) {
+    PutBE64(b.data(), a);
+    PutBE64(b.data() + 8, c);
+  }
+  MDB_val val() { return {16, b.data()}; }
+  std::array<uint8_t, 16> b;
+};
+
+inline MDB_val StrVal(const std::string& s) { return {s.size(), const_cast<char*>(s.data())}; }
+
+inline std::span<const uint8_t> ValBytes(const MDB_val& v) {
+  return {static_cast<const uint8_t*>(v.mv_data), v.mv_size};
+}
+
+// mdb_get: OK with `*v` set, NotFound, or another error.
+absl::Status Get(MDB_txn* txn, MDB_dbi dbi, MDB_val k, MDB_val* v, absl::string_view what);
+
+// The highest seq in the policy's revision index (live or deleted), or 0 when it has none.
+absl::StatusOr<uint64_t> TxnLastSeq(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id);
+
+// Schema v3: the record's next_seq is a lower bound (written at creation and by rebuilds; a
+// publish does not rewrite the policy record); the seq the next publish gets is the larger of it
+// and one past the highest seq in the policy's revision index.
+absl::Status ResolveNextSeq(MDB_txn* txn, const Catalog::Dbis& d, PolicyRecord* p);
+
+// ---- view lookups inside a transaction (catalog_reader.cc); errors as CatalogReader's.
+
+// Verifies `bytes` (a revisions value) and views it in `scope`.
+absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes,
+                                               CatalogViewScope& scope);
+absl::StatusOr<RevisionView> TxnRevisionView(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
+                                             CatalogViewScope& scope);
+absl::StatusOr<RevisionView> TxnRevisionViewBySeq(MDB_txn* txn, const Catalog::Dbis& d,
+                                                  uint64_t policy_id, uint64_t seq,
+                                                  CatalogViewScope& scope);
+absl::StatusOr<RevisionView> TxnRevisionViewByAlias(MDB_txn* txn, const Catalog::Dbis& d,
+                                                    uint64_t policy_id, const std::string& alias,
+                                                    CatalogViewScope& scope);
+absl::StatusOr<PolicyView> TxnPolicyViewById(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
+                                             CatalogViewScope& scope);
+// The policy id under `name` in `policies`; InvalidArgument for an invalid name.
+absl::StatusOr<uint64_t> TxnPolicyIdByName(MDB_txn* txn, const Catalog::Dbis& d,
+                                           const std::string& name);
+// The revision an alias points at; NotFound when unset.
+absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
+                                     const std::string& alias);
+// "policy id (u64) ++ alias": the aliases key.
+std::string AliasKey(uint64_t policy_id, absl::string_view alias);
+
+}  // namespace catalog_lmdb
+}  // namespace loradb
+
+#endif  // LORADB_STORAGE_CATALOG_LMDB_TXN_H_
