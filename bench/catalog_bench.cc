@@ -8,15 +8,14 @@
 // --dir (default: the system temp directory), removed after each size.
 #include <sys/stat.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "storage/catalog/catalog.h"
 #include "storage/catalog/raw_probe.h"
@@ -35,33 +34,15 @@ struct CatalogBenchArgs {
 
 absl::StatusOr<CatalogBenchArgs> ParseArgs(const std::vector<std::string>& args) {
   CatalogBenchArgs a;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& f = args[i];
-    if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat("missing value: ", f));
-    const std::string& v = args[++i];
-    if (f == "--revisions") {
-      a.sizes.clear();
-      for (absl::string_view s : absl::StrSplit(v, ',')) {
-        uint64_t n = 0;
-        if (!absl::SimpleAtoi(s, &n) || n == 0) {
-          return absl::InvalidArgumentError(absl::StrCat("bad --revisions value '", s, "'"));
-        }
-        a.sizes.push_back(n);
-      }
-    } else if (f == "--policies") {
-      if (!absl::SimpleAtoi(v, &a.policies) || a.policies == 0) {
-        return absl::InvalidArgumentError("bad --policies");
-      }
-    } else if (f == "--batch") {
-      if (!absl::SimpleAtoi(v, &a.batch) || a.batch == 0) {
-        return absl::InvalidArgumentError("bad --batch");
-      }
-    } else if (f == "--dir") {
-      a.dir = v;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", f));
-    }
-  }
+  CLI::App app("catalog: publish, lookup, scan, open and size at several catalog sizes", "catalog");
+  app.add_option("--revisions", a.sizes, "catalog sizes (revisions), comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--policies", a.policies, "policies the revisions are spread over")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batch", a.batch, "revisions per write transaction")->check(CLI::PositiveNumber);
+  app.add_option("--dir", a.dir, "work directory (default: a temporary one)");
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   return a;
 }
 
@@ -427,16 +408,16 @@ void EmitGrowth(const std::vector<SizeFigures>& figs) {
           {"lookup_alias_p99_x", ratio(f.lookup_alias_p99_us, a.lookup_alias_p99_us)},
           {"scan_x", ratio(f.scan_ns_per_record, a.scan_ns_per_record)}});
     absl::StrAppend(
-        &table, absl::StrFormat("  %9d | %6.2f (%4.2fx) | %5.0f (%4.2fx) | %7.2f | %5.2f (%5.2f) "
-                                "%4.2fx | %5.2f %4.2fx | %5.0f %4.2fx\n",
-                                f.revisions, f.publish_us_per_revision,
-                                ratio(f.publish_us_per_revision, a.publish_us_per_revision),
-                                f.bytes_per_revision, ratio(f.bytes_per_revision, a.bytes_per_revision),
-                                f.open_ms, f.lookup_id_p99_us, f.raw_lmdb_p99_us,
-                                ratio(f.lookup_id_p99_us, a.lookup_id_p99_us),
-                                f.lookup_alias_p99_us,
-                                ratio(f.lookup_alias_p99_us, a.lookup_alias_p99_us),
-                                f.scan_ns_per_record, ratio(f.scan_ns_per_record, a.scan_ns_per_record)));
+        &table,
+        absl::StrFormat("  %9d | %6.2f (%4.2fx) | %5.0f (%4.2fx) | %7.2f | %5.2f (%5.2f) "
+                        "%4.2fx | %5.2f %4.2fx | %5.0f %4.2fx\n",
+                        f.revisions, f.publish_us_per_revision,
+                        ratio(f.publish_us_per_revision, a.publish_us_per_revision),
+                        f.bytes_per_revision, ratio(f.bytes_per_revision, a.bytes_per_revision),
+                        f.open_ms, f.lookup_id_p99_us, f.raw_lmdb_p99_us,
+                        ratio(f.lookup_id_p99_us, a.lookup_id_p99_us), f.lookup_alias_p99_us,
+                        ratio(f.lookup_alias_p99_us, a.lookup_alias_p99_us), f.scan_ns_per_record,
+                        ratio(f.scan_ns_per_record, a.scan_ns_per_record)));
   }
   Progress(table);
 }

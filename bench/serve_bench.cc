@@ -23,9 +23,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -38,7 +38,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "api/http/server.h"
@@ -60,26 +59,21 @@ struct Options {
 };
 
 absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
-  for (const std::string& a : args) {
-    auto flag = [&](const char* name, int64_t* v) {
-      const std::string prefix = name;
-      return a.rfind(prefix, 0) == 0 && absl::SimpleAtoi(a.substr(prefix.size()), v) && *v > 0;
-    };
-    if (a == "throughput" || a == "cliff" || a == "all") {
-      o->which = a;
-    } else if (a.rfind("--config=", 0) == 0) {
-      o->config = a.substr(9);
-    } else if (!flag("--clients=", &o->clients) && !flag("--cliff-clients=", &o->cliff_clients) &&
-               !flag("--slots=", &o->slots) && !flag("--requests=", &o->requests) &&
-               !flag("--prompt=", &o->prompt) && !flag("--tokens=", &o->tokens) &&
-               !flag("--rank=", &o->rank) && !flag("--threads=", &o->threads)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "serve bench: bad argument ", a,
-          " (throughput|cliff|all --clients=N --cliff-clients=N --slots=N --requests=N "
-          "--prompt=N --tokens=N --rank=N --threads=N --config=PATH)"));
-    }
-  }
-  return absl::OkStatus();
+  CLI::App app("serve: completions from many adapters, in-process and over HTTP", "serve");
+  app.add_option("case", o->which, "throughput, cliff or all")
+      ->check(CLI::IsMember({"throughput", "cliff", "all"}));
+  app.add_option("--clients", o->clients, "concurrent clients")->check(CLI::PositiveNumber);
+  app.add_option("--cliff-clients", o->cliff_clients, "cliff: concurrent clients")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--slots", o->slots, "cliff: device slots")->check(CLI::PositiveNumber);
+  app.add_option("--requests", o->requests, "requests per client")->check(CLI::PositiveNumber);
+  app.add_option("--prompt", o->prompt, "prompt tokens")->check(CLI::PositiveNumber);
+  app.add_option("--tokens", o->tokens, "completion tokens")->check(CLI::PositiveNumber);
+  app.add_option("--rank", o->rank, "LoRA rank")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o->threads, "LibTorch and LoRA kernel threads")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--config", o->config, "model config (JSON)");
+  return ParseFlags(&app, args);
 }
 
 struct RunFigures {
@@ -110,9 +104,8 @@ class HttpClient {
   absl::StatusOr<int64_t> Stream(const std::string& model, const std::vector<int64_t>& prompt,
                                  int64_t max_tokens, double* first_token) {
     if (fd_ < 0 && !Connect()) return absl::UnavailableError("serve bench: cannot connect");
-    nlohmann::json body = {{"model", model},   {"prompt", prompt},
-                           {"max_tokens", max_tokens}, {"temperature", 0},
-                           {"stream", true},   {"return_token_ids", true}};
+    nlohmann::json body = {{"model", model},   {"prompt", prompt}, {"max_tokens", max_tokens},
+                           {"temperature", 0}, {"stream", true},   {"return_token_ids", true}};
     const std::string b = body.dump();
     const std::string req = absl::StrCat(
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -233,8 +226,8 @@ absl::StatusOr<RunFigures> RunClients(serving::CompletionService& svc, const Opt
         if (http != nullptr) {
           const double start = NowSeconds();
           double first = start;
-          absl::StatusOr<int64_t> n = http->Stream(
-              req.model.empty() ? svc.base_name() : req.model, req.prompt, o.tokens, &first);
+          absl::StatusOr<int64_t> n = http->Stream(req.model.empty() ? svc.base_name() : req.model,
+                                                   req.prompt, o.tokens, &first);
           const double end = NowSeconds();
           std::lock_guard<std::mutex> lock(mu);
           if (!n.ok()) {
@@ -404,8 +397,8 @@ absl::Status RunThroughput(const Options& o, const Setup& s) {
   EmitGoal("serve", absl::StrCat("distinct_", o.clients, "_vs_base_tokens_per_s"), ratio, ">= 0.6",
            ratio >= 0.6);
   const double http_ratio = Ratio(distinct_http->tokens_per_s(), base_http->tokens_per_s());
-  EmitGoal("serve", absl::StrCat("http_distinct_", o.clients, "_vs_base_tokens_per_s"),
-           http_ratio, ">= 0.6", http_ratio >= 0.6);
+  EmitGoal("serve", absl::StrCat("http_distinct_", o.clients, "_vs_base_tokens_per_s"), http_ratio,
+           ">= 0.6", http_ratio >= 0.6);
   // The endpoint's overhead: the same base clients (same prompts, batch and tokens) through
   // HTTP versus in-process.
   const double overhead = Ratio(base_http->tokens_per_s(), base->tokens_per_s());
@@ -447,9 +440,9 @@ absl::Status RunCliff(const Options& o, const Setup& s) {
     Emit(line);
     p50.push_back(Quantile(f->ttft_ms, 0.5));
     p99.push_back(Quantile(f->ttft_ms, 0.99));
-    absl::StatusOr<RunFigures> h = RunClients(**svc, o, o.cliff_clients, Models(adapters),
-                                              21 + static_cast<uint64_t>(mult),
-                                              (*endpoint)->port());
+    absl::StatusOr<RunFigures> h =
+        RunClients(**svc, o, o.cliff_clients, Models(adapters), 21 + static_cast<uint64_t>(mult),
+                   (*endpoint)->port());
     if (!h.ok()) return h.status();
     nlohmann::json hline =
         Line(o, absl::StrCat("cliff_", mult, "x"), o.cliff_clients, adapters, *h, true);

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -29,10 +30,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "bench/bench_util.h"
 #include "storage/formats/blob.h"
 #include "storage/formats/safetensors.h"
@@ -44,6 +42,7 @@
 #include "storage/tiers/loader.h"
 #include "storage/util/file_util.h"
 #include "storage/util/hash.h"
+#include "storage/util/mutex.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::bench {
@@ -66,71 +65,35 @@ struct Flags {
   unsigned qd = 32;           // loader chunks in flight per file
 };
 
-absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view s) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(s, ',')) {
-    int v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("bad number list \"", s, "\""));
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
-absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
+absl::StatusOr<Flags> ParseTiersFlags(const std::vector<std::string>& args) {
   Flags f;
   f.dir = (std::filesystem::temp_directory_path() / "loradb-tiers-bench").string();
-  for (const std::string& a : args) {
-    if (a.rfind("--", 0) != 0) {
-      f.case_name = a;
-      continue;
-    }
-    std::string key = a.substr(2), value;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    }
-    if (key == "dir") {
-      f.dir = value;
-    } else if (key == "requests") {
-      if (!absl::SimpleAtoi(value, &f.requests) || f.requests == 0) {
-        return absl::InvalidArgumentError("--requests wants a positive number");
-      }
-    } else if (key == "burst") {
-      LORADB_ASSIGN_OR_RETURN(f.burst, ParseIntList(value));
-    } else if (key == "moe") {
-      LORADB_ASSIGN_OR_RETURN(f.moe, ParseIntList(value));
-    } else if (key == "budget") {
-      if (!absl::SimpleAtoi(value, &f.budget) || f.budget == 0) {
-        return absl::InvalidArgumentError("--budget wants a positive number");
-      }
-    } else if (key == "zipf") {
-      if (!absl::SimpleAtod(value, &f.zipf) || f.zipf <= 0) {
-        return absl::InvalidArgumentError("--zipf wants a positive number");
-      }
-    } else if (key == "seed-sets") {
-      if (!absl::SimpleAtoi(value, &f.seed_sets) || f.seed_sets == 0 || f.seed_sets > 100) {
-        return absl::InvalidArgumentError("--seed-sets wants a number in 1..100");
-      }
-    } else if (key == "inflight") {
-      if (!absl::SimpleAtoi(value, &f.inflight) || f.inflight == 0) {
-        return absl::InvalidArgumentError("--inflight wants a positive number");
-      }
-    } else if (key == "chunk-kib") {
-      if (!absl::SimpleAtoi(value, &f.chunk_kib) || f.chunk_kib == 0 || f.chunk_kib % 4 != 0) {
-        return absl::InvalidArgumentError("--chunk-kib wants a positive multiple of 4");
-      }
-    } else if (key == "qd") {
-      if (!absl::SimpleAtoi(value, &f.qd) || f.qd == 0) {
-        return absl::InvalidArgumentError("--qd wants a positive number");
-      }
-    } else if (key == "keep") {
-      f.keep = true;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
-    }
-  }
+  CLI::App app("tiers: the residency tiers (traces, cold bursts, MoE loads, device slots)",
+               "tiers");
+  app.add_option("case", f.case_name, "the case to run (default: all)");
+  app.add_option("--dir", f.dir, "work directory");
+  app.add_option("--requests", f.requests, "traces: requests per trace")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--burst", f.burst, "cold-burst: burst sizes, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--moe", f.moe, "moe-load: adapters, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--budget", f.budget, "traces: adapters the cache holds")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--zipf", f.zipf, "traces: Zipf exponent inside hot sets")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seed-sets", f.seed_sets, "traces: seed sets (1-100)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100}));
+  app.add_option("--inflight", f.inflight, "cold-burst: CpuCache max_inflight_loads")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--chunk-kib", f.chunk_kib, "loader chunk size (a multiple of 4)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--qd", f.qd, "loader chunks in flight per file")->check(CLI::PositiveNumber);
+  app.add_flag("--keep", f.keep, "keep the work directory");
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
+  if (f.chunk_kib % 4 != 0) return absl::InvalidArgumentError("--chunk-kib wants a multiple of 4");
   return f;
 }
 
@@ -531,7 +494,8 @@ absl::StatusOr<double> ParallelReadBandwidth(const std::vector<std::string>& pat
           errors[t] = ErrnoToStatus(errno, absl::StrCat("open ", p));
           return;
         }
-        for (off_t off = static_cast<off_t>(t) * kBlock;; off += static_cast<off_t>(threads) * kBlock) {
+        for (off_t off = static_cast<off_t>(t) * kBlock;;
+             off += static_cast<off_t>(threads) * kBlock) {
           const ssize_t n = ::pread(fd, bufs[t]->data(), kBlock, off);
           if (n < 0) errors[t] = ErrnoToStatus(errno, absl::StrCat("read ", p));
           if (n <= 0) break;
@@ -553,7 +517,7 @@ struct Bandwidth {
   double disk_qd1 = 0;    // one thread, one request at a time
   double page_cache = 0;  // best buffered bandwidth from the page cache over 1 and 2 threads
   double page_cache_1thread = 0;
-  bool dropped = false;   // the page cache could be dropped before the disk reads
+  bool dropped = false;  // the page cache could be dropped before the disk reads
 };
 
 absl::StatusOr<Bandwidth> MeasureBandwidth(const std::vector<std::string>& paths) {
@@ -647,13 +611,13 @@ absl::StatusOr<Burst> RunBurst(const Flags& f, const AdapterFileSet& files) {
   LORADB_ASSIGN_OR_RETURN(auto cache, tiers::CpuCache::Create(co, timed));
   std::vector<absl::Status> errors(static_cast<size_t>(n));
   std::vector<tiers::CpuLease> leases(static_cast<size_t>(n));
-  absl::Mutex mu;
+  Mutex mu;
   bool go = false;
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         mu.Await(absl::Condition(&go));
       }
       double t0 = NowSeconds();
@@ -669,7 +633,7 @@ absl::StatusOr<Burst> RunBurst(const Flags& f, const AdapterFileSet& files) {
   double start = NowSeconds();
   start_at.store(start);
   {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     go = true;
   }
   for (auto& t : threads) t.join();
@@ -736,8 +700,8 @@ absl::Status RunColdBurst(const Flags& f) {
       tiers::SetHostBufferPoolLimit(pool_limit);
       if (!b.ok()) return b.status();
       if (reserved && reused < static_cast<uint64_t>(n)) {
-        return absl::InternalError(absl::StrCat("cold-burst: only ", reused, " of ", n,
-                                                " loads used a reserved buffer"));
+        return absl::InternalError(
+            absl::StrCat("cold-burst: only ", reused, " of ", n, " loads used a reserved buffer"));
       }
       bursts[buffers] = *std::move(b);
     }
@@ -878,13 +842,13 @@ absl::Status RunDedup(const Flags& f) {
                           }));
   std::vector<double> latency(kRequests);
   std::vector<absl::Status> errors(kRequests);
-  absl::Mutex mu;
+  Mutex mu;
   bool go = false;
   std::vector<std::thread> threads;
   for (int i = 0; i < kRequests; ++i) {
     threads.emplace_back([&, i] {
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         mu.Await(absl::Condition(&go));
       }
       double t0 = NowSeconds();
@@ -894,7 +858,7 @@ absl::Status RunDedup(const Flags& f) {
     });
   }
   {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     go = true;
   }
   for (auto& t : threads) t.join();
@@ -947,8 +911,8 @@ struct ReadTimes {
   size_t tensors = 0;
 };
 
-// Read + parse of one file, the fastest of `reps` (each rep drops the previous rep's buffer first, as
-// Python's reps free theirs); `cold` drops the page cache before each.
+// Read + parse of one file, the fastest of `reps` (each rep drops the previous rep's buffer first,
+// as Python's reps free theirs); `cold` drops the page cache before each.
 absl::StatusOr<ReadTimes> TimeReadParse(tiers::Loader& loader, const std::string& path, int reps,
                                         bool cold, bool blob) {
   ReadTimes best{1e9, 1e9, 0, 0};
@@ -1060,7 +1024,8 @@ absl::Status RunMoeLoad(const Flags& f) {
         LORADB_ASSIGN_OR_RETURN(py, PythonSafetensors(path, 3, cold));
       }
       reads[{layout, cold}] = {rt, py};
-      const double file_bytes = static_cast<double>(layout == "packed" ? file_packed : file_unpacked);
+      const double file_bytes =
+          static_cast<double>(layout == "packed" ? file_packed : file_unpacked);
       Emit({{"bench", "tiers"},
             {"case", "moe-load"},
             {"layout", layout},
@@ -1140,7 +1105,7 @@ absl::Status RunMoeLoad(const Flags& f) {
 absl::Status RunTiersBench(const std::vector<std::string>& args);
 
 absl::Status RunTiersBench(const std::vector<std::string>& args) {
-  LORADB_ASSIGN_OR_RETURN(Flags f, ParseFlags(args));
+  LORADB_ASSIGN_OR_RETURN(Flags f, ParseTiersFlags(args));
   bool all = f.case_name == "all";
   bool any = false;
   if (all || f.case_name == "cold-burst") {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -17,7 +18,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "api/http/server.h"
 #include "api/tinker/tinker_routes.h"
@@ -42,57 +42,18 @@ struct Flags {
   int64_t threads = 0;
 };
 
-// The SDK arm: prints {"step_s": [...]} (one entry per timed step).
-constexpr char kDriver[] = R"PY(
-import json, sys, time
-try:
-    import tinker
-    from tinker import types
-except ImportError:
-    sys.exit(77)
-url, base = sys.argv[1], sys.argv[2]
-rank, batch, length, warmup, steps, vocab = map(int, sys.argv[3:9])
-sc = tinker.ServiceClient(base_url=url, api_key="tml-loradb-bench")
-tc = sc.create_lora_training_client(base_model=base, rank=rank, seed=0, train_unembed=False)
-tc = tc.result() if hasattr(tc, "result") else tc
-data = []
-for i in range(batch):
-    seq = [(7 * i + 3 * k) % (vocab - 1) + 1 for k in range(length + 1)]
-    data.append(types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
-                            loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * length}))
-times = []
-for i in range(warmup + steps):
-    t = time.perf_counter()
-    fb = tc.forward_backward(data, "cross_entropy")
-    op = tc.optim_step(types.AdamParams(learning_rate=1e-4))
-    fb.result()
-    op.result()
-    if i >= warmup:
-        times.append(time.perf_counter() - t)
-print(json.dumps({"step_s": times}))
-)PY";
-
-absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
+absl::StatusOr<Flags> ParseTinkerFlags(const std::vector<std::string>& args) {
   Flags f;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--config" && i + 1 < args.size()) {
-      f.config = args[++i];
-      continue;
-    }
-    int64_t* target = a == "--batch"     ? &f.batch
-                      : a == "--length"  ? &f.length
-                      : a == "--rank"    ? &f.rank
-                      : a == "--warmup"  ? &f.warmup
-                      : a == "--steps"   ? &f.steps
-                      : a == "--threads" ? &f.threads
-                                         : nullptr;
-    if (target == nullptr || i + 1 >= args.size() || !absl::SimpleAtoi(args[i + 1], target) ||
-        *target < (a == "--warmup" || a == "--threads" ? 0 : 1)) {
-      return absl::InvalidArgumentError(absl::StrCat("tinker: bad argument '", a, "'"));
-    }
-    ++i;
-  }
+  CLI::App app("tinker: a training step through the Tinker SDK vs in-process", "tinker");
+  app.add_option("--config", f.config, "model config: compute/configs/NAME.json");
+  app.add_option("--batch", f.batch, "sequences per step")->check(CLI::PositiveNumber);
+  app.add_option("--length", f.length, "tokens per sequence")->check(CLI::PositiveNumber);
+  app.add_option("--rank", f.rank, "LoRA rank")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", f.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", f.steps, "timed steps")->check(CLI::PositiveNumber);
+  app.add_option("--threads", f.threads, "LibTorch threads (0: its default)")
+      ->check(CLI::NonNegativeNumber);
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   return f;
 }
 
@@ -153,7 +114,7 @@ absl::StatusOr<std::vector<double>> InProcessSteps(training::TrainingService* se
 }
 
 absl::Status RunTinkerBench(const std::vector<std::string>& args) {
-  LORADB_ASSIGN_OR_RETURN(Flags f, ParseFlags(args));
+  LORADB_ASSIGN_OR_RETURN(Flags f, ParseTinkerFlags(args));
   std::string t = (fs::temp_directory_path() / "loradb-tinker-bench-XXXXXX").string();
   if (::mkdtemp(t.data()) == nullptr) return absl::InternalError("cannot create a scratch dir");
   struct Cleanup {
@@ -199,8 +160,7 @@ absl::Status RunTinkerBench(const std::vector<std::string>& args) {
   LORADB_RETURN_IF_ERROR(tinker::AddTinkerRoutes(store, ro, server.get()));
   LORADB_RETURN_IF_ERROR(server->Bind());
   std::thread serving([&] { (void)server->Serve(); });
-  const std::string driver = t + "/driver.py";
-  std::ofstream(driver) << kDriver;
+  const std::string driver = absl::StrCat(SourceDir(), "/bench/tinker_driver.py");
   const std::string cmd =
       absl::StrCat("python3 '", driver, "' http://127.0.0.1:", server->port(), " ", f.config, " ",
                    f.rank, " ", f.batch, " ", f.length, " ", f.warmup, " ", f.steps, " ", vocab);

@@ -24,6 +24,7 @@
 #include <ATen/core/grad_mode.h>
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -33,7 +34,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
 #include "bench/dist_bench.h"
@@ -74,46 +74,30 @@ struct Flags {
   std::string child_base;  // the base checkpoint the parent wrote
 };
 
-absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
+absl::StatusOr<Flags> ParseTrainFlags(const std::vector<std::string>& args) {
   Flags f;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&](int64_t* out) -> absl::Status {
-      if (i + 1 >= args.size() || !absl::SimpleAtoi(args[i + 1], out) || *out < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(args[i], " needs a positive integer"));
-      }
-      ++i;
-      return absl::OkStatus();
-    };
-    if (args[i] == "--layers") {
-      LORADB_RETURN_IF_ERROR(value(&f.layers));
-    } else if (args[i] == "--steps") {
-      LORADB_RETURN_IF_ERROR(value(&f.steps));
-    } else if (args[i] == "--threads") {
-      LORADB_RETURN_IF_ERROR(value(&f.threads));
-    } else if (args[i] == "--prompts") {
-      LORADB_RETURN_IF_ERROR(value(&f.prompts));
-    } else if (args[i] == "--group") {
-      LORADB_RETURN_IF_ERROR(value(&f.group));
-    } else if (args[i] == "--workers") {
-      LORADB_RETURN_IF_ERROR(value(&f.workers));
-    } else if (args[i] == "--cohort") {
-      LORADB_RETURN_IF_ERROR(value(&f.cohort));
-    } else if (args[i] == "--repeats") {
-      LORADB_RETURN_IF_ERROR(value(&f.repeats));
-      if (f.repeats < 1) return absl::InvalidArgumentError("--repeats must be >= 1");
-    } else if (args[i] == "--reference-threads") {
-      LORADB_RETURN_IF_ERROR(value(&f.reference_threads));
-    } else if (args[i] == "--sliced-micro-batches") {
-      LORADB_RETURN_IF_ERROR(value(&f.sliced_micro_batches));
-    } else if ((args[i] == "--child-mode" || args[i] == "--child-base") && i + 1 < args.size()) {
-      (args[i] == "--child-mode" ? f.child_mode : f.child_base) = args[i + 1];
-      ++i;
-    } else if (args[i] == "handoff" || args[i] == "concurrent") {
-      f.which = args[i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument ", args[i]));
-    }
-  }
+  CLI::App app("train: trainer hand-off and time-sliced concurrent training", "train");
+  app.add_option("case", f.which, "handoff, concurrent or all")
+      ->check(CLI::IsMember({"handoff", "concurrent", "all"}));
+  const auto positive = CLI::PositiveNumber;
+  app.add_option("--layers", f.layers, "decoder layers")->check(positive);
+  app.add_option("--steps", f.steps, "training steps per arm")->check(positive);
+  app.add_option("--threads", f.threads, "LibTorch intra-op threads")->check(positive);
+  app.add_option("--prompts", f.prompts, "GRPO prompts per policy-step")->check(positive);
+  app.add_option("--group", f.group, "GRPO group size")->check(positive);
+  app.add_option("--workers", f.workers, "time-sliced: scheduler threads")->check(positive);
+  app.add_option("--cohort", f.cohort, "time-sliced: policies per shared step")->check(positive);
+  app.add_option("--repeats", f.repeats, "(sequential, time-sliced) pairs")->check(positive);
+  app.add_option("--reference-threads", f.reference_threads,
+                 "also run the sequential arm with this many threads")
+      ->check(positive);
+  app.add_option("--sliced-micro-batches", f.sliced_micro_batches,
+                 "time-sliced: micro-batches per shared step")
+      ->check(positive);
+  // Internal: how `concurrent` runs each arm in a child process of this binary.
+  app.add_option("--child-mode", f.child_mode)->group("");
+  app.add_option("--child-base", f.child_base)->group("");
+  LORADB_RETURN_IF_ERROR(ParseFlags(&app, args));
   return f;
 }
 
@@ -455,7 +439,7 @@ absl::Status RunConcurrent(const Flags& f) {
 }
 
 absl::Status RunTrainBench(const std::vector<std::string>& args) {
-  LORADB_ASSIGN_OR_RETURN(Flags f, ParseFlags(args));
+  LORADB_ASSIGN_OR_RETURN(Flags f, ParseTrainFlags(args));
   // Intra-op threads of both arms (default 1: on this shared 2-core machine OpenMP threads
   // oversubscribe, and the tiny model's ops gain little from more).
   at::set_num_threads(static_cast<int>(f.threads));

@@ -15,13 +15,13 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "compute/decoder/decoder.h"
 #include "compute/model/kernel_lora_applier.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/store/store.h"
 #include "storage/store/store_tiers.h"
+#include "storage/util/mutex.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::serving {
@@ -53,7 +53,7 @@ struct Pending {
   std::function<void(CompletionResult)> on_done;
   std::atomic<int64_t> produced{0};  // tokens generated over all sequences
 
-  absl::Mutex mu;
+  Mutex mu;
   std::vector<uint64_t> decoder_ids ABSL_GUARDED_BY(mu);
   int64_t remaining ABSL_GUARDED_BY(mu) = 0;  // sequences not finished
   CompletionResult result ABSL_GUARDED_BY(mu);
@@ -69,7 +69,7 @@ struct CompletionService::State {
   int64_t base_created_us = 0;
   std::thread driver;
 
-  mutable absl::Mutex mu;
+  mutable Mutex mu;
   bool stop ABSL_GUARDED_BY(mu) = false;
   uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
   int64_t reserved ABSL_GUARDED_BY(mu) = 0;  // sequences counted against the bound
@@ -90,7 +90,7 @@ void CompletionService::State::SequenceDone(const std::shared_ptr<Pending>& p, i
   bool last = false;
   CompletionResult out;
   {
-    absl::MutexLock lock(&p->mu);
+    MutexLock lock(&p->mu);
     Choice& c = p->result.choices[static_cast<size_t>(index)];
     c.index = index;
     c.tokens = std::move(r.tokens);
@@ -114,7 +114,7 @@ void CompletionService::State::SequenceDone(const std::shared_ptr<Pending>& p, i
     }
   }
   {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     --reserved;
     --live;
     if (last) pending.erase(p->id);
@@ -189,12 +189,12 @@ absl::StatusOr<std::unique_ptr<CompletionService>> CompletionService::Create(Ser
 CompletionService::~CompletionService() {
   std::vector<std::shared_ptr<Pending>> all;
   {
-    absl::MutexLock lock(&s_->mu);
+    MutexLock lock(&s_->mu);
     s_->stop = true;
     for (const auto& [id, p] : s_->pending) all.push_back(p);
   }
   for (const std::shared_ptr<Pending>& p : all) {
-    absl::MutexLock lock(&p->mu);
+    MutexLock lock(&p->mu);
     for (uint64_t did : p->decoder_ids) s_->decoder->Cancel(did).IgnoreError();  // may be done
   }
   if (s_->driver.joinable()) s_->driver.join();
@@ -204,16 +204,15 @@ void CompletionService::DriverLoop() {
   State& s = *s_;
   for (;;) {
     {
-      absl::MutexLock lock(&s.mu);
-      auto ready = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return s.stop || s.live > 0; };
-      s.mu.Await(absl::Condition(&ready));
+      MutexLock lock(&s.mu);
+      s.mu.Await([&s]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s.stop || s.live > 0; });
       if (s.live == 0) return;  // stopping, and nothing left to finish
     }
     const double t0 = Now();
     // A failed step has already failed its requests with the error; the loop goes on.
     s.decoder->Step().IgnoreError();
     const double dt = Now() - t0;
-    absl::MutexLock lock(&s.mu);
+    MutexLock lock(&s.mu);
     s.step_seconds = s.step_seconds == 0 ? dt : 0.9 * s.step_seconds + 0.1 * dt;
   }
 }
@@ -270,7 +269,7 @@ absl::StatusOr<uint64_t> CompletionService::Submit(CompletionRequest request) {
   p->stop_check = std::move(request.stop_check);
   p->on_done = std::move(request.on_done);
   {
-    absl::MutexLock lock(&s.mu);
+    MutexLock lock(&s.mu);
     if (s.reserved + request.n > s.options.max_running + s.options.max_queued) {
       ++s.rejected;
       const int64_t hint = s.RetryHintMs();
@@ -286,7 +285,7 @@ absl::StatusOr<uint64_t> CompletionService::Submit(CompletionRequest request) {
     s.pending[p->id] = p;
   }
   {
-    absl::MutexLock lock(&p->mu);
+    MutexLock lock(&p->mu);
     p->remaining = request.n;
     p->result.id = p->id;
     p->result.revision = revision;
@@ -316,23 +315,23 @@ absl::StatusOr<uint64_t> CompletionService::Submit(CompletionRequest request) {
     };
   }
   {
-    absl::MutexLock lock(&s.mu);
+    MutexLock lock(&s.mu);
     s.live += request.n;  // before the decoder can finish them
   }
   // One group: the prompt is prefilled once for all n sequences.
   absl::StatusOr<std::vector<uint64_t>> ids = s.decoder->SubmitGroup(std::move(group));
   if (!ids.ok()) {
-    absl::MutexLock lock(&s.mu);
+    MutexLock lock(&s.mu);
     s.live -= request.n;
     s.reserved -= request.n;
     s.pending.erase(p->id);
     return ids.status();
   }
   {
-    absl::MutexLock lock(&p->mu);
+    MutexLock lock(&p->mu);
     p->decoder_ids = *std::move(ids);
   }
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   ++s.submitted;
   return p->id;
 }
@@ -357,7 +356,7 @@ absl::StatusOr<CompletionResult> CompletionService::Complete(CompletionRequest r
 absl::Status CompletionService::Cancel(uint64_t id) {
   std::shared_ptr<Pending> p;
   {
-    absl::MutexLock lock(&s_->mu);
+    MutexLock lock(&s_->mu);
     auto it = s_->pending.find(id);
     if (it == s_->pending.end()) {
       return absl::NotFoundError(absl::StrCat("completion ", id, " is not outstanding"));
@@ -366,7 +365,7 @@ absl::Status CompletionService::Cancel(uint64_t id) {
   }
   std::vector<uint64_t> ids;
   {
-    absl::MutexLock lock(&p->mu);
+    MutexLock lock(&p->mu);
     ids = p->decoder_ids;
   }
   for (uint64_t did : ids) s_->decoder->Cancel(did).IgnoreError();  // finished ones: NotFound
@@ -417,7 +416,7 @@ ServiceStats CompletionService::stats() const {
   const decoder::DecoderStats d = s_->decoder->stats();
   ServiceStats out;
   {
-    absl::MutexLock lock(&s_->mu);
+    MutexLock lock(&s_->mu);
     out.submitted = s_->submitted;
     out.rejected = s_->rejected;
     out.outstanding_sequences = s_->reserved;

@@ -18,11 +18,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "compute/model/qwen3_model.h"
 #include "compute/trainer/checkpoint.h"
 #include "compute/trainer/trainer.h"
+#include "storage/util/mutex.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::training {
@@ -371,7 +371,7 @@ struct TrainingService::Impl {
   std::unique_ptr<model::Qwen3Model> model;
   std::unique_ptr<trainer::Trainer> trainer;
 
-  absl::Mutex mu;
+  Mutex mu;
   std::map<std::string, Session> sessions ABSL_GUARDED_BY(mu);
   std::map<std::string, Run> runs ABSL_GUARDED_BY(mu);
   std::map<std::string, FutureStatus> futures ABSL_GUARDED_BY(mu);
@@ -440,7 +440,7 @@ struct TrainingService::Impl {
 
   // Queues a call of a loaded run.
   absl::StatusOr<Submitted> SubmitToLiveRun(Op op) {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     LORADB_RETURN_IF_ERROR(LiveRun(op.run).status());
     const std::string key = Key(op.run, op.seq);
     return Enqueue(std::move(op), key);
@@ -500,8 +500,8 @@ struct TrainingService::Impl {
     while (true) {
       std::vector<Op> picked;
       {
-        absl::MutexLock lock(&mu);
-        mu.Await(absl::Condition(this, &Impl::HasWork));
+        MutexLock lock(&mu);
+        mu.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); });
         if (stop) break;
         auto first = queue.end();
         for (auto it = queue.begin(); it != queue.end(); ++it) {
@@ -554,12 +554,12 @@ struct TrainingService::Impl {
         Op& op = picked.front();
         Run run_view;
         {
-          absl::MutexLock lock(&mu);
+          MutexLock lock(&mu);
           auto r = runs.find(op.run);
           if (r != runs.end()) run_view = r->second;
         }
         absl::StatusOr<FutureValue> result = op.fn(run_view);
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         auto r = runs.find(op.run);
         if (r != runs.end() && op.creates && !result.ok()) {
           // The run never came to be: so neither do the calls queued for it.
@@ -586,7 +586,7 @@ struct TrainingService::Impl {
       }
     }
     // Fail whatever is still queued.
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     for (const Op& op : queue) Finish(op.id, absl::CancelledError("the training service stopped"));
     queue.clear();
   }
@@ -614,7 +614,7 @@ struct TrainingService::Impl {
         }
       }
     }
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     for (size_t i = 0; i < ops->size(); ++i) {
       const Op& op = (*ops)[i];
       AfterRun(op);
@@ -726,7 +726,7 @@ TrainingService::TrainingService(std::unique_ptr<Impl> impl) : impl_(std::move(i
 
 TrainingService::~TrainingService() {
   {
-    absl::MutexLock lock(&impl_->mu);
+    MutexLock lock(&impl_->mu);
     impl_->stop = true;
   }
   if (impl_->worker.joinable()) impl_->worker.join();
@@ -760,17 +760,17 @@ absl::StatusOr<std::unique_ptr<TrainingService>> TrainingService::Create(
 }
 
 void TrainingService::Pause() {
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   impl_->paused = true;
 }
 
 void TrainingService::Resume() {
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   impl_->paused = false;
 }
 
 TrainingService::Stats TrainingService::stats() const {
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->stats;
 }
 
@@ -783,7 +783,7 @@ int64_t TrainingService::max_context_length() const {
 absl::StatusOr<std::string> TrainingService::CreateSession(
     const std::vector<std::string>& /*tags*/,
     const std::map<std::string, std::string>& /*metadata*/) {
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   std::string id = absl::StrCat("s", impl_->id_prefix, "-", ++impl_->next_id);
   const int64_t now = NowMicros();
   impl_->sessions[id] = {now, now};
@@ -791,7 +791,7 @@ absl::StatusOr<std::string> TrainingService::CreateSession(
 }
 
 absl::Status TrainingService::Heartbeat(const std::string& session_id) {
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   auto it = impl_->sessions.find(session_id);
   if (it == impl_->sessions.end()) {
     return absl::NotFoundError(absl::StrCat("no session ", session_id));
@@ -812,7 +812,7 @@ absl::StatusOr<Submitted> TrainingService::CreateRun(const CreateRunRequest& req
   }
   LORADB_RETURN_IF_ERROR(ValidateLora(request.lora));
   if (request.model_seq_id < 0) return absl::InvalidArgumentError("model_seq_id must be >= 0");
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   if (!impl_->sessions.count(request.session_id)) {
     return absl::NotFoundError(absl::StrCat("no session ", request.session_id));
   }
@@ -958,7 +958,7 @@ absl::StatusOr<Submitted> TrainingService::LoadWeights(const LoadWeightsRequest&
   Impl* impl = impl_.get();
   const bool with_optimizer = request.optimizer;
   const std::string loaded_path = request.path;
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   std::string key;
   if (create) {
     if (request.model_seq_id < 0) return absl::InvalidArgumentError("model_seq_id must be >= 0");
@@ -1081,7 +1081,7 @@ absl::StatusOr<Submitted> TrainingService::Sample(const SampleRequest& request) 
 
 absl::StatusOr<FutureStatus> TrainingService::Retrieve(const std::string& request_id,
                                                        absl::Duration wait) {
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   auto it = impl_->futures.find(request_id);
   if (it == impl_->futures.end()) {
     return absl::NotFoundError(absl::StrCat("no request ", request_id));
@@ -1092,7 +1092,7 @@ absl::StatusOr<FutureStatus> TrainingService::Retrieve(const std::string& reques
       auto f = impl->futures.find(request_id);
       return f == impl->futures.end() || f->second.state != FutureState::kPending;
     };
-    impl_->mu.AwaitWithTimeout(absl::Condition(&done), wait);
+    impl_->mu.AwaitWithTimeout(done, wait);
     it = impl_->futures.find(request_id);
     if (it == impl_->futures.end()) {
       return absl::NotFoundError(absl::StrCat("no request ", request_id));
@@ -1105,7 +1105,7 @@ absl::StatusOr<RunInfo> TrainingService::GetRun(const std::string& run_id) const
   RunInfo info;
   bool loaded = false;
   {
-    absl::MutexLock lock(&impl_->mu);
+    MutexLock lock(&impl_->mu);
     auto it = impl_->runs.find(run_id);
     if (it != impl_->runs.end() && it->second.index >= 0) {
       const Impl::Run& r = it->second;
@@ -1151,7 +1151,7 @@ absl::StatusOr<std::vector<CheckpointInfo>> TrainingService::ListCheckpoints(
   absl::StatusOr<PolicyRecord> p = impl_->store->GetPolicy(policy);
   if (absl::IsNotFound(p.status())) {
     // Created but not yet materialised: nothing saved.
-    absl::MutexLock lock(&impl_->mu);
+    MutexLock lock(&impl_->mu);
     if (impl_->runs.count(run_id)) return std::vector<CheckpointInfo>{};
     return absl::NotFoundError(absl::StrCat("no training run ", run_id));
   }
