@@ -503,19 +503,34 @@ absl::StatusOr<RevisionRecord> Store::GetRevision(uint64_t id) const {
   return catalog_->GetRevision(id);
 }
 
+// The by-name lookups resolve the policy and read the revision in one read transaction, through
+// views (no policy record is decoded); only the revision that is returned is copied out.
 absl::StatusOr<RevisionRecord> Store::GetRevision(const std::string& policy, uint64_t seq) const {
-  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
-  return catalog_->GetRevisionBySeq(p.id, seq);
+  RevisionRecord out;
+  LORADB_RETURN_IF_ERROR(catalog_->Read([&](const CatalogReader& r) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(const uint64_t policy_id, r.PolicyId(policy));
+    LORADB_ASSIGN_OR_RETURN(const RevisionView v, r.RevisionBySeq(policy_id, seq));
+    out = v.ToRecord();
+    return absl::OkStatus();
+  }));
+  return out;
 }
 
 absl::StatusOr<RevisionRecord> Store::GetRevisionByAlias(const std::string& policy,
                                                          const std::string& alias) const {
-  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, catalog_->GetPolicy(policy));
-  auto r = catalog_->GetRevisionByAlias(p.id, alias);
-  if (absl::IsNotFound(r.status())) {
-    return absl::NotFoundError(absl::StrCat("policy '", policy, "' has no alias '", alias, "'"));
-  }
-  return r;
+  LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
+  RevisionRecord out;
+  LORADB_RETURN_IF_ERROR(catalog_->Read([&](const CatalogReader& r) -> absl::Status {
+    LORADB_ASSIGN_OR_RETURN(const uint64_t policy_id, r.PolicyId(policy));
+    absl::StatusOr<RevisionView> v = r.RevisionByAlias(policy_id, alias);
+    if (absl::IsNotFound(v.status())) {
+      return absl::NotFoundError(absl::StrCat("policy '", policy, "' has no alias '", alias, "'"));
+    }
+    LORADB_RETURN_IF_ERROR(v.status());
+    out = v->ToRecord();
+    return absl::OkStatus();
+  }));
+  return out;
 }
 
 absl::StatusOr<RevisionRecord> Store::Resolve(const std::string& ref) const {
