@@ -12,8 +12,11 @@
 //    distinct bf16 adapters (the serving layout) through the kernels.
 // `all` runs both. Cases run round-robin --rounds times so that all of them see the same machine
 // load; every figure is the median over the rounds (the merge path runs once: it is slow).
+// The decoder case also serves each batch with one row on an adapter that uses DoRA, and one row
+// on an adapter with its own lm_head (modules_to_save), the other rows as in distinct_<d>.
 // Goal lines: distinct adapters >= 0.6x base-only decode tokens/s at the same batch
-// (decoder and bare model); the decoder with distinct adapters >= 2x the merge path.
+// (decoder and bare model); the decoder with distinct adapters >= 2x the merge path; one DoRA /
+// lm_head row costs at most 1.3x the all-plain batch's decode time.
 // Flags: --batches=16,64 --distinct=1,16,64 --steps=N --prompt=N --rank=N --rounds=N
 // --threads=N (LibTorch intra-op and kernel threads, default 1: on a shared 2-core machine
 // multi-threaded ATen spins at barriers) --merge-batches=N,.. (batches that also run the merge
@@ -25,12 +28,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -216,6 +221,20 @@ absl::Status RunDecoderCases(const Options& o, const std::string& dir) {
                          return figures(*r, false);
                        }});
     }
+    // One row of the batch on an adapter that uses DoRA / its own lm_head (modules_to_save),
+    // the others on the same plain adapters as distinct_<most>.
+    const std::vector<std::pair<std::string, std::string>> features = {
+        {"dora", decoder::DecodeBenchHarness::kDoraAdapter},
+        {"lm_head_mts", decoder::DecodeBenchHarness::kLmHeadAdapter}};
+    for (const auto& [feature, ref] : features) {
+      cases.push_back({absl::StrCat("one_", feature, "_of_", batch), most, false,
+                       [&, batch, most, ref = ref]() -> absl::StatusOr<nlohmann::json> {
+                         absl::StatusOr<decoder::DecodeBenchRun> r =
+                             h.RunDecoder(batch, most, o.prompt, o.steps, ref);
+                         if (!r.ok()) return r.status();
+                         return figures(*r, false);
+                       }});
+    }
     const bool merge = o.merge && (o.merge_batches.empty() ||
                                    std::find(o.merge_batches.begin(), o.merge_batches.end(),
                                              batch) != o.merge_batches.end());
@@ -232,15 +251,24 @@ absl::Status RunDecoderCases(const Options& o, const std::string& dir) {
         RunRoundRobin(cases, o.rounds, absl::StrCat("decoder batch ", batch));
     if (!results.ok()) return results.status();
     double base_tps = 0, most_tps = 0, merge_tps = 0;
+    std::map<std::string, double> feature_tps;
     for (size_t i = 0; i < cases.size(); ++i) {
       Emit(CaseLine(o, "decoder", batch, cases[i], (*results)[i]));
       const double tps = (*results)[i]["decode_tokens_per_s"].get<double>();
       if (cases[i].name == "base") base_tps = tps;
       if (cases[i].once) {
         merge_tps = tps;
+      } else if (absl::StartsWith(cases[i].name, "one_") && cases[i].name != "one_adapter") {
+        feature_tps[cases[i].name] = tps;
       } else if (cases[i].adapters == most) {
         most_tps = tps;
       }
+    }
+    // Decode time of the batch with one feature row over the all-plain batch's.
+    for (const auto& [name, tps] : feature_tps) {
+      const double slowdown = Ratio(most_tps, tps);
+      EmitGoal("decode", absl::StrCat(name, "_vs_plain_batch", batch, "_time"), slowdown, "<= 1.3",
+               slowdown > 0 && slowdown <= 1.3);
     }
     const double vs_base = Ratio(most_tps, base_tps);
     EmitGoal("decode", absl::StrCat("distinct_", most, "_vs_base_batch", batch), vs_base, ">= 0.6",

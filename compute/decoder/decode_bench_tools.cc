@@ -101,11 +101,51 @@ absl::StatusOr<std::unique_ptr<DecodeBenchHarness>> DecodeBenchHarness::Create(
     LORADB_RETURN_IF_ERROR(s->store->PublishTensors(absl::StrCat("p", i), views, o).status());
     s->adapters.push_back(std::move(a));
   }
+  // The same modules with DoRA magnitudes, and with modules_to_save lm_head, as PEFT saves them.
+  const uint64_t head_bytes =
+      static_cast<uint64_t>(s->config.vocab_size * s->config.hidden_size) * sizeof(float);
+  for (int variant = 0; variant < 2; ++variant) {
+    const BenchAdapter& src = s->adapters.empty() ? BenchAdapter() : s->adapters[0];
+    std::vector<at::Tensor> keep;
+    std::vector<TensorView> views;
+    auto add = [&](const std::string& name, at::Tensor t) {
+      t = t.contiguous();
+      views.push_back({name, DType::kF32, t.sizes().vec(),
+                       static_cast<const std::byte*>(t.data_ptr()), t.nbytes()});
+      keep.push_back(std::move(t));
+    };
+    for (const auto& [key, ab] : src.factors) {
+      add(peft::PeftTensorNameFor(key, peft::LoraSide::kA, false), ab.first);
+      add(peft::PeftTensorNameFor(key, peft::LoraSide::kB, false), ab.second);
+      if (variant == 0) {
+        add(absl::StrCat("base_model.model.", key, ".lora_magnitude_vector"),
+            at::rand({ab.second.size(0)}, gen, at::kFloat) + 0.5);
+      }
+    }
+    if (variant == 1) {
+      add("base_model.model.lm_head.weight",
+          at::randn({s->config.vocab_size, s->config.hidden_size}, gen, at::kFloat) * 0.02);
+    }
+    LORADB_ASSIGN_OR_RETURN(
+        peft::LoraConfig pc,
+        peft::ParseLoraConfig(absl::StrCat(
+            R"({"peft_type":"LORA","r":)", rank, R"(,"lora_alpha":)", 2 * rank,
+            R"(,"target_modules":["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj",)",
+            R"("down_proj"])",
+            variant == 0 ? R"(,"use_dora":true})" : R"(,"modules_to_save":["lm_head"]})")));
+    const std::string dir = absl::StrCat(work_dir, variant == 0 ? "/dora" : "/lm_head_mts");
+    LORADB_RETURN_IF_ERROR(peft::WritePeftDir(dir, pc, views));
+    PublishOptions o;
+    o.alias = "prod";
+    o.create_policy_base = "bench";
+    LORADB_RETURN_IF_ERROR(
+        s->store->PublishPeftDir(variant == 0 ? "dora" : "lm_head_mts", dir, o).status());
+  }
   DecoderOptions dopt;
   dopt.max_running = 1024;
   dopt.max_prefill_tokens = 1 << 20;
-  dopt.cpu_cache_bytes =
-      (s->adapter_bytes + (1 << 20)) * static_cast<uint64_t>(max_adapters) + (uint64_t{64} << 20);
+  dopt.cpu_cache_bytes = (s->adapter_bytes + (1 << 20)) * static_cast<uint64_t>(max_adapters + 2) +
+                         head_bytes + (uint64_t{64} << 20);
   dopt.device.arena_bytes = dopt.cpu_cache_bytes;
   LORADB_ASSIGN_OR_RETURN(s->decoder, Decoder::Create(s->model.get(), s->store.get(), dopt));
   return std::unique_ptr<DecodeBenchHarness>(new DecodeBenchHarness(std::move(s)));
@@ -143,7 +183,8 @@ absl::Status Serve(Decoder& d, const std::vector<GenerateRequest>& reqs, DecodeB
 }  // namespace
 
 absl::StatusOr<DecodeBenchRun> DecodeBenchHarness::RunDecoder(int64_t batch, int64_t distinct,
-                                                              int64_t prompt_len, int64_t steps) {
+                                                              int64_t prompt_len, int64_t steps,
+                                                              const std::string& first_adapter) {
   if (distinct > static_cast<int64_t>(s_->adapters.size())) {
     return absl::InvalidArgumentError("more distinct adapters than published");
   }
@@ -152,6 +193,7 @@ absl::StatusOr<DecodeBenchRun> DecodeBenchHarness::RunDecoder(int64_t batch, int
   for (int64_t i = 0; i < batch; ++i) {
     GenerateRequest r;
     r.adapter = distinct > 0 ? absl::StrCat("p", i % distinct, ":prod") : "";
+    if (i == 0 && !first_adapter.empty()) r.adapter = first_adapter;
     r.prompt_ids = RandomPrompt(rng, prompt_len, s_->config.vocab_size);
     r.max_new_tokens = steps + 1;
     reqs.push_back(std::move(r));

@@ -36,9 +36,12 @@ class DecodeBenchHarness {
  public:
   // Writes a random checkpoint for `config_path` into `work_dir`/model, creates a store in
   // `work_dir`/store and publishes `max_adapters` random rank-`rank` adapters (every
-  // q/k/v/o/gate/up/down, fp32). `lora_threads`: threads of the kernels' CPU context (decode
-  // calls are small: one thread avoids wake-ups on a loaded machine). `torch_threads` > 0 sets
-  // LibTorch's intra-op threads for the process (0 leaves LibTorch's default).
+  // q/k/v/o/gate/up/down, fp32), plus two PEFT adapters with the same modules that use features
+  // beyond plain LoRA: `kDoraAdapter` (DoRA magnitudes on every module) and `kLmHeadAdapter`
+  // (modules_to_save = ["lm_head"]: its own full LM head). `lora_threads`: threads of the kernels'
+  // CPU context (decode calls are small: one thread avoids wake-ups on a loaded machine).
+  // `torch_threads` > 0 sets LibTorch's intra-op threads for the process (0 leaves LibTorch's
+  // default).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DecodeBenchHarness>> Create(
       const std::string& config_path, const std::string& work_dir, int64_t max_adapters,
       int64_t rank, int lora_threads = 1, int torch_threads = 0);
@@ -47,10 +50,15 @@ class DecodeBenchHarness {
   int64_t num_parameters() const;
   uint64_t adapter_bytes() const;
 
+  static constexpr const char* kDoraAdapter = "dora:prod";
+  static constexpr const char* kLmHeadAdapter = "lm_head_mts:prod";
+
   // `batch` requests with random `prompt_len`-token prompts, greedy, `steps` decode steps after
-  // the prefill; request i uses adapter i % distinct (distinct 0: base only).
+  // the prefill; request i uses adapter i % distinct (distinct 0: base only), except that request
+  // 0 uses `first_adapter` when it is not empty (one row of such an adapter in a batch).
   [[nodiscard]] absl::StatusOr<DecodeBenchRun> RunDecoder(int64_t batch, int64_t distinct,
-                                                          int64_t prompt_len, int64_t steps);
+                                                          int64_t prompt_len, int64_t steps,
+                                                          const std::string& first_adapter = "");
   // The same requests served by the merge path, grouped per adapter.
   [[nodiscard]] absl::StatusOr<DecodeBenchRun> RunMerged(int64_t batch, int64_t distinct,
                                                          int64_t prompt_len, int64_t steps);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compute/model/peft_adapter.h"
 #include "compute/model/torch_dtype.h"
 #include "storage/formats/peft.h"
 #include "storage/store/lora_peft.h"
@@ -264,46 +265,30 @@ absl::StatusOr<const model::LoraAdapter*> Decoder::AdapterFor(const tiers::Devic
   }
   LORADB_ASSIGN_OR_RETURN(RevisionRecord rec, store_->GetRevision(revision));
   const peft::LoraConfig config = ToPeftConfig(rec.lora);
-  struct Pair {
-    std::string key;
-    at::Tensor a, b;
-  };
-  std::map<std::string, Pair> modules;
   // A PEFT feature the decoder does not apply refuses the revision by name (never dropped).
   std::vector<std::string> names;
   names.reserve(dev.tensors.size());
   for (const tiers::DeviceTensor& t : dev.tensors) names.push_back(t.name);
   LORADB_ASSIGN_OR_RETURN(uint32_t features,
                           peft::StoredAdapterFeatures(config, dev.metadata, names));
-  LORADB_RETURN_IF_ERROR(peft::RefuseUnapplied(
-      features, /*applied=*/0, absl::StrCat("the decoder (revision ", revision, ")")));
+  const std::string who = absl::StrCat("the decoder (revision ", revision, ")");
+  LORADB_RETURN_IF_ERROR(peft::RefuseUnapplied(features, model::kAppliedPeftFeatures, who));
+  std::vector<model::PeftNamedTensor> tensors;
+  tensors.reserve(dev.tensors.size());
   for (const tiers::DeviceTensor& t : dev.tensors) {
-    LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName name, peft::ParsePeftTensorName(t.name));
-    if (name.embedding) {
-      return absl::UnimplementedError(
-          absl::StrCat("revision ", revision, ": LoRA on embeddings (", t.name, ")"));
-    }
     LORADB_ASSIGN_OR_RETURN(
         at::ScalarType st,
         model::TorchFloatScalarType(t.dtype, absl::StrCat("adapter tensor ", t.name)));
     // Read in place: a view over the lease's memory (never written through).
-    at::Tensor view = at::from_blob(t.data, t.shape, at::TensorOptions().dtype(st));
-    Pair& p = modules[name.module];
-    p.key = name.module_key;
-    (name.side == peft::LoraSide::kA ? p.a : p.b) = view;
+    tensors.push_back({t.name, at::from_blob(t.data, t.shape, at::TensorOptions().dtype(st))});
   }
-  std::vector<model::LoraModuleInput> inputs;
-  inputs.reserve(modules.size());
-  for (auto& [module, p] : modules) {
-    if (!p.a.defined() || !p.b.defined()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("revision ", revision, ": module ", module, " lacks lora_A or lora_B"));
-    }
-    inputs.push_back({module, p.a, p.b, config.ScaleFor(p.key)});
-  }
-  LORADB_ASSIGN_OR_RETURN(model::LoraAdapter adapter,
-                          model::LoraAdapter::Create(model_->config(), std::move(inputs),
-                                                     model_->dtype(), model_->device()));
+  LORADB_ASSIGN_OR_RETURN(model::PeftModelInputs in,
+                          model::PeftInputs(config, std::move(tensors), who));
+  LORADB_ASSIGN_OR_RETURN(
+      model::LoraAdapter adapter,
+      model::LoraAdapter::Create(model_->config(), std::move(in.modules), model_->dtype(),
+                                 model_->device(), std::move(in.weights)));
+  LORADB_RETURN_IF_ERROR(model_->PrepareAdapter(&adapter));
   auto built = std::make_unique<BuiltAdapter>(BuiltAdapter{&dev, std::move(adapter)});
   const model::LoraAdapter* out = &built->adapter;
   built_[revision] = std::move(built);

@@ -26,10 +26,6 @@ struct ParsedModule {
 };
 
 absl::StatusOr<ParsedModule> ParseModuleName(const ModelConfig& config, const std::string& name) {
-  if (name == "embed_tokens" || name == "lm_head") {
-    return absl::UnimplementedError(
-        absl::StrCat("LoRA module \"", name, "\": embedding / lm_head LoRA is not supported"));
-  }
   std::vector<std::string> parts = absl::StrSplit(name, '.');
   ParsedModule p;
   if (parts.size() < 4 || parts[0] != "layers" || !absl::SimpleAtoi(parts[1], &p.layer) ||
@@ -136,20 +132,94 @@ absl::Status CheckFactors(const std::string& name, const at::Tensor& a, const at
   return absl::OkStatus();
 }
 
+// The whole module `name` names ("embed_tokens", "lm_head"), or nullopt.
+std::optional<LoraWholeModule> WholeModuleOf(const std::string& name) {
+  if (name == "embed_tokens") return LoraWholeModule::kEmbedTokens;
+  if (name == "lm_head") return LoraWholeModule::kLmHead;
+  return std::nullopt;
+}
+
+std::string ShapeText(const at::Tensor& t) {
+  std::string s;
+  for (int64_t d : t.sizes()) absl::StrAppend(&s, s.empty() ? "" : ", ", d);
+  return absl::StrCat("[", s, "]");
+}
+
+// A DoRA magnitude must be 1-D with one entry per output feature.
+absl::Status CheckMagnitude(const std::string& name, const at::Tensor& m, int64_t out) {
+  if (!at::isFloatingType(m.scalar_type()) || m.dim() != 1 || m.size(0) != out) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA module \"", name,
+                                                   "\": DoRA magnitude has shape ", ShapeText(m),
+                                                   ", expected [", out, "]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* LoraTargetName(LoraTarget target) { return kTargetNames[static_cast<int>(target)]; }
 
 absl::StatusOr<LoraAdapter> LoraAdapter::Create(const ModelConfig& config,
                                                 std::vector<LoraModuleInput> modules,
-                                                at::ScalarType dtype, at::Device device) {
+                                                at::ScalarType dtype, at::Device device,
+                                                std::vector<LoraWeightInput> weights) {
   LoraAdapter adapter;
   adapter.table_.resize(static_cast<size_t>(config.num_hidden_layers) * kNumLoraTargets);
   auto convert = [&](const at::Tensor& t) { return t.to(device, dtype); };
+  for (LoraWeightInput& w : weights) {
+    const std::optional<LoraWholeModule> whole = WholeModuleOf(w.module);
+    if (!whole.has_value()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "module \"", w.module, "\": only embed_tokens and lm_head can be replaced whole"));
+    }
+    if (!w.weight.defined() || !at::isFloatingType(w.weight.scalar_type()) || w.weight.dim() != 2 ||
+        w.weight.size(0) != config.vocab_size || w.weight.size(1) != config.hidden_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("module \"", w.module, "\": weight has shape ",
+                       w.weight.defined() ? ShapeText(w.weight) : "[]", ", expected [",
+                       config.vocab_size, ", ", config.hidden_size, "]"));
+    }
+    at::Tensor& slot =
+        (w.base_layer ? adapter.base_layer_ : adapter.replaced_)[static_cast<int>(*whole)];
+    if (slot.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("module \"", w.module, "\" given twice"));
+    }
+    slot = convert(w.weight);
+    adapter.has_whole_ = true;
+    adapter.prepared_ = false;
+    ++adapter.num_modules_;
+  }
   // Per-expert inputs of one (layer, target), packed after the loop.
   std::map<std::pair<int64_t, int>, std::map<int64_t, const LoraModuleInput*>> experts;
   for (const LoraModuleInput& m : modules) {
+    if (const std::optional<LoraWholeModule> whole = WholeModuleOf(m.module); whole.has_value()) {
+      const bool embed = *whole == LoraWholeModule::kEmbedTokens;
+      const int64_t in = embed ? config.vocab_size : config.hidden_size;
+      const int64_t out = embed ? config.hidden_size : config.vocab_size;
+      LORADB_RETURN_IF_ERROR(CheckFactors(m.module, m.a, m.b, in, out, 0));
+      if (adapter.whole_lora_[static_cast<int>(*whole)].has_value() ||
+          adapter.replaced_[static_cast<int>(*whole)].defined()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("LoRA module \"", m.module, "\" given twice"));
+      }
+      LoraFactors f{convert(m.a), convert(m.b), m.scale};
+      if (m.magnitude.defined()) {
+        LORADB_RETURN_IF_ERROR(CheckMagnitude(m.module, m.magnitude, out));
+        f.magnitude = convert(m.magnitude);
+        adapter.has_dora_ = true;
+      }
+      adapter.whole_lora_[static_cast<int>(*whole)] = std::move(f);
+      adapter.has_whole_ = true;
+      adapter.prepared_ = false;
+      adapter.max_rank_ = std::max(adapter.max_rank_, m.a.size(0));
+      ++adapter.num_modules_;
+      continue;
+    }
     LORADB_ASSIGN_OR_RETURN(ParsedModule p, ParseModuleName(config, m.module));
+    if (m.magnitude.defined() && p.expert != -1) {
+      return absl::UnimplementedError(
+          absl::StrCat("LoRA module \"", m.module, "\": DoRA on experts is not supported"));
+    }
     const auto [in, out] = TargetShape(config, p.layer, p.target);
     const size_t slot =
         static_cast<size_t>(p.layer) * kNumLoraTargets + static_cast<size_t>(p.target);
@@ -167,6 +237,12 @@ absl::StatusOr<LoraAdapter> LoraAdapter::Create(const ModelConfig& config,
             absl::StrCat("LoRA module \"", m.module, "\" given twice"));
       }
       adapter.table_[slot] = LoraFactors{convert(m.a), convert(m.b), m.scale};
+      if (m.magnitude.defined()) {
+        LORADB_RETURN_IF_ERROR(CheckMagnitude(m.module, m.magnitude, out));
+        adapter.table_[slot]->magnitude = convert(m.magnitude);
+        adapter.has_dora_ = true;
+        adapter.prepared_ = false;
+      }
       adapter.max_rank_ = std::max(adapter.max_rank_, m.a.size(-2));
       adapter.num_modules_ += packed ? config.num_experts : 1;
     } else {

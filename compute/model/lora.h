@@ -30,20 +30,47 @@ const char* LoraTargetName(LoraTarget target);
 // One adapter's factors for one (layer, target). Dense modules: a [r, in], b [out, r].
 // Expert projections of a MoE layer are packed (DESIGN.md section 5): a [E, r, in],
 // b [E, out, r]; an expert without LoRA has zero factors.
+//
+// DoRA (PEFT's use_dora): `magnitude` [out] is the module's lora_magnitude_vector m, and
+// `dora_scale` [out] = m / ||W + scale * B A||_row (W the base weight; the norm of each output row
+// over the merged weight, as PEFT computes it), filled in by Qwen3Model::PrepareAdapter. A DoRA
+// row's output is then bias + dora_scale * (W x + scale * B A x), PEFT's result at inference.
+// For embed_tokens (PEFT's DoRA embedding) the norm runs over each hidden column of the merged
+// [vocab, hidden] table and scales that column of the looked-up row.
 struct LoraFactors {
   at::Tensor a;
   at::Tensor b;
   double scale = 1.0;
+  at::Tensor magnitude = {};   // undefined: plain LoRA
+  at::Tensor dora_scale = {};  // [out] in the factors' dtype; defined once prepared
+};
+
+// The token embedding and the LM head, which an adapter can change beyond LoRA on projections.
+enum class LoraWholeModule : uint8_t { kEmbedTokens = 0, kLmHead };
+inline constexpr int kNumLoraWholeModules = 2;
+
+// A whole-module weight for LoraAdapter::Create: PEFT's modules_to_save (the adapter's own copy of
+// `embed_tokens` or `lm_head`, [vocab, hidden]) or a saved base_layer weight
+// (save_embedding_layers: `base_layer` set; it must equal the base's weight, checked by
+// Qwen3Model::PrepareAdapter).
+struct LoraWeightInput {
+  std::string module;  // "embed_tokens" or "lm_head"
+  at::Tensor weight;
+  bool base_layer = false;
 };
 
 // One input module for LoraAdapter::Create, named as ModelConfig::LoraModules names them
-// (`layers.3.self_attn.q_proj`, `layers.3.mlp.experts.7.up_proj`) or, for a packed expert set,
-// `layers.3.mlp.experts.up_proj` with 3-D factors.
+// (`layers.3.self_attn.q_proj`, `layers.3.mlp.experts.7.up_proj`, `embed_tokens`, `lm_head`) or,
+// for a packed expert set, `layers.3.mlp.experts.up_proj` with 3-D factors. `embed_tokens` takes
+// PEFT's embedding LoRA: a = lora_embedding_A [r, vocab], b = lora_embedding_B [hidden, r]
+// (delta = scale * B A[:, token]). `magnitude` [out]: DoRA (dense projections, embed_tokens,
+// lm_head).
 struct LoraModuleInput {
   std::string module;
   at::Tensor a;
   at::Tensor b;
   double scale = 1.0;
+  at::Tensor magnitude = {};
 };
 
 // One adapter's LoRA weights, validated against a base's config and indexed by (layer, target)
@@ -51,16 +78,17 @@ struct LoraModuleInput {
 // dtype and device (so a trainer's parameters stay the same tensors and receive gradients).
 class LoraAdapter {
  public:
-  // InvalidArgument for unknown module names, shape mismatches (each error names the module),
-  // ranks that differ between A and B or between experts of one packed set, or a module given
-  // twice. Unimplemented for modules the model cannot apply LoRA to (router, embeddings,
-  // lm_head). Factors are converted to `dtype` on `device`; `dtype` may differ from the
-  // model's (e.g. bf16 factors on an fp32 base: the kernels read them as they are, the torch
-  // reference converts them per call).
-  [[nodiscard]] static absl::StatusOr<LoraAdapter> Create(const ModelConfig& config,
-                                                          std::vector<LoraModuleInput> modules,
-                                                          at::ScalarType dtype,
-                                                          at::Device device = at::kCPU);
+  // InvalidArgument for unknown module names, shape mismatches (each error names the module,
+  // DoRA magnitudes included), ranks that differ between A and B or between experts of one
+  // packed set, or a module given twice (LoRA and a modules_to_save weight on one module count
+  // as twice). Unimplemented for modules the model cannot apply LoRA to (the router) and DoRA
+  // on experts. Factors are converted to `dtype` on `device`; `dtype` may differ
+  // from the model's (e.g. bf16 factors on an fp32 base: the kernels read them as they are, the
+  // torch reference converts them per call). An adapter with DoRA or whole-module weights must
+  // pass through Qwen3Model::PrepareAdapter before a forward uses it.
+  [[nodiscard]] static absl::StatusOr<LoraAdapter> Create(
+      const ModelConfig& config, std::vector<LoraModuleInput> modules, at::ScalarType dtype,
+      at::Device device = at::kCPU, std::vector<LoraWeightInput> weights = {});
 
   // Factors for (layer, target), or nullptr when this adapter does not touch that module.
   const LoraFactors* Find(int64_t layer, LoraTarget target) const {
@@ -68,11 +96,45 @@ class LoraAdapter {
         table_[static_cast<size_t>(layer) * kNumLoraTargets + static_cast<size_t>(target)];
     return slot.has_value() ? &*slot : nullptr;
   }
+  LoraFactors* FindMutable(int64_t layer, LoraTarget target) {
+    auto& slot = table_[static_cast<size_t>(layer) * kNumLoraTargets + static_cast<size_t>(target)];
+    return slot.has_value() ? &*slot : nullptr;
+  }
+  // LoRA on embed_tokens / lm_head, or nullptr.
+  const LoraFactors* FindWhole(LoraWholeModule m) const {
+    const auto& slot = whole_lora_[static_cast<size_t>(m)];
+    return slot.has_value() ? &*slot : nullptr;
+  }
+  LoraFactors* FindWholeMutable(LoraWholeModule m) {
+    auto& slot = whole_lora_[static_cast<size_t>(m)];
+    return slot.has_value() ? &*slot : nullptr;
+  }
+  // The adapter's own weight of embed_tokens / lm_head (modules_to_save), undefined when none.
+  const at::Tensor& ReplacedWeight(LoraWholeModule m) const {
+    return replaced_[static_cast<size_t>(m)];
+  }
+  // Saved base_layer weights, which must equal the base's (Qwen3Model::PrepareAdapter checks).
+  const at::Tensor& BaseLayerWeight(LoraWholeModule m) const {
+    return base_layer_[static_cast<size_t>(m)];
+  }
+  // True when a forward needs more than the per-projection LoRA table: DoRA, whole-module LoRA or
+  // weights. Such an adapter is usable once `prepared()`.
+  bool has_extras() const { return has_dora_ || has_whole_; }
+  bool has_dora() const { return has_dora_; }
+  bool has_whole_modules() const { return has_whole_; }
+  bool prepared() const { return prepared_; }
+  void set_prepared() { prepared_ = true; }
   int64_t max_rank() const { return max_rank_; }
   size_t num_modules() const { return num_modules_; }
 
  private:
   std::vector<std::optional<LoraFactors>> table_;  // layer * kNumLoraTargets + target
+  std::optional<LoraFactors> whole_lora_[kNumLoraWholeModules];
+  at::Tensor replaced_[kNumLoraWholeModules];
+  at::Tensor base_layer_[kNumLoraWholeModules];
+  bool has_dora_ = false;
+  bool has_whole_ = false;
+  bool prepared_ = true;  // false while DoRA scales or base_layer checks are pending
   int64_t max_rank_ = 0;
   size_t num_modules_ = 0;
 };

@@ -88,8 +88,7 @@ absl::StatusOr<std::vector<std::vector<float>>> ComputeLogits(const LogitsReques
   std::optional<LoraAdapter> adapter;
   LoraBatch lora;
   if (!request.adapter_dir.empty()) {
-    LORADB_ASSIGN_OR_RETURN(adapter,
-                            LoadPeftAdapter(model->config(), request.adapter_dir, model->dtype()));
+    LORADB_ASSIGN_OR_RETURN(adapter, LoadPeftAdapter(*model, request.adapter_dir));
     lora.adapters = {&*adapter};
   }
   std::vector<int64_t> ids = request.token_ids;

@@ -2,80 +2,133 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "compute/model/torch_dtype.h"
+#include "storage/formats/peft_experts.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::model {
 namespace {
 
 absl::StatusOr<at::Tensor> CopyView(const TensorView& v) {
-  at::ScalarType st;
-  switch (v.dtype) {
-    case DType::kF32:
-      st = at::kFloat;
-      break;
-    case DType::kBF16:
-      st = at::kBFloat16;
-      break;
-    case DType::kF16:
-      st = at::kHalf;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("adapter tensor \"", v.name, "\" has dtype ",
-                                                     DTypeName(v.dtype), "; need F32/BF16/F16"));
-  }
+  LORADB_ASSIGN_OR_RETURN(
+      at::ScalarType st,
+      TorchFloatScalarType(v.dtype, absl::StrCat("adapter tensor \"", v.name, "\"")));
   // Views may be unaligned for the dtype: copy bytewise into a fresh tensor.
   at::Tensor t = at::empty(v.shape, at::TensorOptions(st));
   std::memcpy(t.data_ptr(), v.data, v.nbytes);
   return t;
 }
 
+// "model.layers.0.self_attn.q_proj" -> "layers.0.self_attn.q_proj" (the model's module names).
+std::string ModelModuleName(std::string key) {
+  if (absl::StartsWith(key, "model.")) key.erase(0, 6);
+  return key;
+}
+
 }  // namespace
+
+absl::StatusOr<PeftModelInputs> PeftInputs(const peft::LoraConfig& config,
+                                           std::vector<PeftNamedTensor> tensors,
+                                           const std::string& who) {
+  struct Module {
+    std::string key;
+    at::Tensor a, b, magnitude;
+  };
+  std::map<std::string, Module> modules;
+  PeftModelInputs out;
+  for (PeftNamedTensor& t : tensors) {
+    const peft::PeftTensorInfo info = peft::ClassifyPeftTensor(t.name);
+    switch (info.kind) {
+      case peft::PeftTensorKind::kLora: {
+        LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName n, peft::ParsePeftTensorName(t.name));
+        Module& m = modules[n.module];
+        m.key = n.module_key;
+        (n.side == peft::LoraSide::kA ? m.a : m.b) = std::move(t.tensor);
+        break;
+      }
+      case peft::PeftTensorKind::kMagnitude: {
+        Module& m = modules[ModelModuleName(info.module_key)];
+        m.key = info.module_key;
+        m.magnitude = std::move(t.tensor);
+        break;
+      }
+      case peft::PeftTensorKind::kOther: {
+        const bool base_layer = absl::EndsWith(t.name, ".base_layer.weight");
+        if (!base_layer && !absl::EndsWith(t.name, ".weight")) {
+          return absl::UnimplementedError(
+              absl::StrCat(who, ": tensor \"", t.name, "\" (a module's bias) is not applied"));
+        }
+        std::string key = info.module_key;
+        if (base_layer) key.resize(key.size() - std::strlen(".base_layer"));
+        out.weights.push_back({ModelModuleName(key), std::move(t.tensor), base_layer});
+        break;
+      }
+      default:
+        return absl::UnimplementedError(
+            absl::StrCat(who, ": tensor \"", t.name, "\" belongs to a PEFT feature not applied"));
+    }
+  }
+  for (auto& [name, m] : modules) {
+    if (!m.a.defined() || !m.b.defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": module \"", name, "\" lacks lora_A or lora_B",
+                       m.magnitude.defined() ? " (it has a DoRA magnitude vector)" : ""));
+    }
+    out.modules.push_back(
+        {name, std::move(m.a), std::move(m.b), config.ScaleFor(m.key), std::move(m.magnitude)});
+  }
+  return out;
+}
 
 absl::StatusOr<LoraAdapter> LoraAdapterFromPeft(const ModelConfig& config,
                                                 const peft::PeftAdapter& adapter,
                                                 at::ScalarType dtype) {
-  struct Pair {
-    const TensorView* a = nullptr;
-    const TensorView* b = nullptr;
-    std::string key;
-  };
-  std::map<std::string, Pair> modules;
+  const peft::LoraConfig* lora = &adapter.config;
+  const TensorSet* set = &adapter.tensors;
+  peft::LoraConfig per_expert;
+  std::optional<TensorSet> unfused;
+  if (!adapter.config.target_parameters.empty()) {
+    // LoRA on fused expert parameters: served as the per-expert LoRA it is equal to.
+    if (!config.is_moe()) {
+      return absl::InvalidArgumentError(absl::StrCat("target_parameters adapter on a ",
+                                                     config.model_type, " base without experts"));
+    }
+    LORADB_ASSIGN_OR_RETURN(unfused,
+                            peft::UnfuseTargetParameters(
+                                adapter.config, adapter.tensors,
+                                peft::Qwen3MoeExpertsLayout(config.num_experts, config.hidden_size,
+                                                            config.moe_intermediate_size),
+                                &per_expert));
+    lora = &per_expert;
+    set = &*unfused;
+  }
   // A PEFT feature the model does not apply refuses the adapter by name (never dropped).
-  LORADB_RETURN_IF_ERROR(
-      peft::RefuseUnapplied(peft::PeftFeaturesUsed(adapter.config, adapter.tensors.tensors()),
-                            /*applied=*/0, "the model's PEFT adapter loader"));
-  for (const TensorView& v : adapter.tensors.tensors()) {
-    LORADB_ASSIGN_OR_RETURN(peft::PeftTensorName n, peft::ParsePeftTensorName(v.name));
-    if (n.embedding) {
-      return absl::UnimplementedError(
-          absl::StrCat("adapter tensor \"", v.name, "\": embedding LoRA is not supported"));
-    }
-    Pair& p = modules[n.module];
-    p.key = n.module_key;
-    (n.side == peft::LoraSide::kA ? p.a : p.b) = &v;
+  LORADB_RETURN_IF_ERROR(peft::RefuseUnapplied(peft::PeftFeaturesUsed(*lora, set->tensors()),
+                                               kAppliedPeftFeatures,
+                                               "the model's PEFT adapter loader"));
+  std::vector<PeftNamedTensor> tensors;
+  for (const TensorView& v : set->tensors()) {
+    LORADB_ASSIGN_OR_RETURN(at::Tensor t, CopyView(v));
+    tensors.push_back({v.name, std::move(t)});
   }
-  std::vector<LoraModuleInput> inputs;
-  for (const auto& [module, p] : modules) {
-    if (p.a == nullptr || p.b == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("adapter module \"", module, "\" lacks lora_A or lora_B"));
-    }
-    LORADB_ASSIGN_OR_RETURN(at::Tensor a, CopyView(*p.a));
-    LORADB_ASSIGN_OR_RETURN(at::Tensor b, CopyView(*p.b));
-    inputs.push_back({module, std::move(a), std::move(b), adapter.config.ScaleFor(p.key)});
-  }
-  return LoraAdapter::Create(config, std::move(inputs), dtype);
+  LORADB_ASSIGN_OR_RETURN(PeftModelInputs in,
+                          PeftInputs(*lora, std::move(tensors), "PEFT adapter"));
+  return LoraAdapter::Create(config, std::move(in.modules), dtype, at::kCPU, std::move(in.weights));
 }
 
-absl::StatusOr<LoraAdapter> LoadPeftAdapter(const ModelConfig& config, const std::string& dir,
-                                            at::ScalarType dtype) {
+absl::StatusOr<LoraAdapter> LoadPeftAdapter(const Qwen3Model& model, const std::string& dir) {
   LORADB_ASSIGN_OR_RETURN(peft::PeftAdapter adapter, peft::ReadPeftDir(dir));
   try {
-    return LoraAdapterFromPeft(config, adapter, dtype);
+    LORADB_ASSIGN_OR_RETURN(LoraAdapter a,
+                            LoraAdapterFromPeft(model.config(), adapter, model.dtype()));
+    LORADB_RETURN_IF_ERROR(model.PrepareAdapter(&a));
+    return a;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("PEFT adapter: ", e.what_without_backtrace()));
   }

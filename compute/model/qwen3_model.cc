@@ -1,5 +1,7 @@
 #include "compute/model/qwen3_model.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
 #include <limits>
 #include <set>
@@ -17,6 +19,9 @@ namespace loradb::model {
 struct Qwen3Model::Context {
   const LoraBatch* lora = nullptr;
   LoraRowGroups groups;
+  // Some adapter of the batch uses DoRA / changes embed_tokens or lm_head.
+  bool any_dora = false;
+  bool any_whole = false;
   std::vector<int64_t> seq_lens;
   std::vector<KvCache::SeqId> cache_seqs;
   KvCache* cache = nullptr;
@@ -202,8 +207,168 @@ at::Tensor Qwen3Model::Project(const Context& ctx, const at::Tensor& x, const at
   at::Tensor y = at::linear(x, w, bias);
   if (ctx.lora != nullptr && !ctx.groups.empty()) {
     y = applier_->Apply(x, y, layer, target, /*expert=*/-1, at::Tensor(), *ctx.lora, ctx.groups);
+    if (ctx.any_dora) y = ApplyDora(ctx, std::move(y), bias, layer, target);
   }
   return y;
+}
+
+at::Tensor Qwen3Model::ApplyDora(const Context& ctx, at::Tensor y, const at::Tensor& bias,
+                                 int64_t layer, LoraTarget target) const {
+  for (size_t i = 0; i < ctx.groups.slots.size(); ++i) {
+    const LoraFactors* f = ctx.lora->adapters[ctx.groups.slots[i]]->Find(layer, target);
+    if (f == nullptr || !f->dora_scale.defined()) continue;
+    const at::Tensor& idx = ctx.groups.rows[i];
+    const bool all = idx.numel() == y.size(0);
+    at::Tensor part = all ? y : y.index_select(0, idx);
+    part = bias.defined() ? (part - bias) * f->dora_scale + bias : part * f->dora_scale;
+    y = all ? part : y.index_copy(0, idx, part);
+  }
+  return y;
+}
+
+namespace {
+
+at::Tensor Cast(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
+}
+
+}  // namespace
+
+at::Tensor Qwen3Model::EmbedAdapters(const Context& ctx, const at::Tensor& ids,
+                                     at::Tensor h) const {
+  for (size_t i = 0; i < ctx.groups.slots.size(); ++i) {
+    const LoraAdapter& a = *ctx.lora->adapters[ctx.groups.slots[i]];
+    const at::Tensor& own = a.ReplacedWeight(LoraWholeModule::kEmbedTokens);
+    const LoraFactors* f = a.FindWhole(LoraWholeModule::kEmbedTokens);
+    if (!own.defined() && f == nullptr) continue;
+    const at::Tensor& idx = ctx.groups.rows[i];
+    const at::Tensor tokens = ids.index_select(0, idx);
+    at::Tensor part =
+        own.defined() ? at::embedding(Cast(own, dtype_), tokens) : h.index_select(0, idx);
+    if (f != nullptr) {
+      // PEFT's embedding LoRA: scale * B @ A[:, token], i.e. a row lookup in A^T.
+      at::Tensor after_a = at::embedding(Cast(f->a, dtype_).t(), tokens);  // [n, r]
+      part = part + at::linear(after_a, Cast(f->b, dtype_)) * f->scale;
+      if (f->dora_scale.defined()) part = part * f->dora_scale;
+    }
+    h = h.index_copy(0, idx, part);
+  }
+  return h;
+}
+
+at::Tensor Qwen3Model::HeadAdapters(const Context& ctx, const std::vector<int64_t>& out_rows,
+                                    const at::Tensor& hidden, at::Tensor logits) const {
+  const std::vector<int32_t>& row_slot = ctx.lora->row_slot;
+  const int64_t n = hidden.size(0);
+  for (int32_t slot : ctx.groups.slots) {
+    const LoraAdapter& a = *ctx.lora->adapters[slot];
+    const at::Tensor& own = a.ReplacedWeight(LoraWholeModule::kLmHead);
+    const LoraFactors* f = a.FindWhole(LoraWholeModule::kLmHead);
+    if (!own.defined() && f == nullptr) continue;
+    std::vector<int64_t> local;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t row = out_rows.empty() ? j : out_rows[j];
+      if (row_slot[row] == slot) local.push_back(j);
+    }
+    if (local.empty()) continue;
+    const at::Tensor idx =
+        at::from_blob(local.data(), {static_cast<int64_t>(local.size())}, at::kLong)
+            .to(device_, /*non_blocking=*/false, /*copy=*/true);
+    const at::Tensor hs = hidden.index_select(0, idx);
+    at::Tensor part =
+        own.defined() ? at::linear(hs, Cast(own, dtype_)) : logits.index_select(0, idx);
+    if (f != nullptr) {
+      part = part + at::linear(at::linear(hs, Cast(f->a, dtype_)), Cast(f->b, dtype_)) * f->scale;
+      if (f->dora_scale.defined()) part = part * f->dora_scale;
+    }
+    logits = logits.index_copy(0, idx, part);
+  }
+  return logits;
+}
+
+absl::Status Qwen3Model::PrepareAdapter(LoraAdapter* adapter) const {
+  if (adapter->prepared()) return absl::OkStatus();
+  try {
+    return PrepareAdapterImpl(adapter);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("Qwen3Model::PrepareAdapter: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status Qwen3Model::PrepareAdapterImpl(LoraAdapter* adapter) const {
+  if (reducer_ != nullptr) {
+    return absl::UnimplementedError(
+        "a tensor-parallel model cannot apply DoRA, embed_tokens or lm_head adapter weights");
+  }
+  at::NoGradGuard no_grad;
+  for (int m = 0; m < kNumLoraWholeModules; ++m) {
+    const auto which = static_cast<LoraWholeModule>(m);
+    const at::Tensor& saved = adapter->BaseLayerWeight(which);
+    const at::Tensor& base = which == LoraWholeModule::kEmbedTokens ? embed_ : lm_head_;
+    if (saved.defined() && !at::equal(saved.to(base.device(), base.scalar_type()), base)) {
+      return absl::UnimplementedError(absl::StrCat(
+          which == LoraWholeModule::kEmbedTokens ? "embed_tokens" : "lm_head",
+          ": the adapter's saved base_layer weight differs from the base's (a resized or "
+          "retrained base layer is not applied)"));
+    }
+  }
+  // PEFT's weight norm: per output row of W + scale * B A, in fp32.
+  auto dora_scale = [&](const at::Tensor& w, const LoraFactors& f) {
+    at::Tensor merged =
+        w.to(at::kFloat) + f.scale * at::matmul(f.b.to(at::kFloat), f.a.to(at::kFloat));
+    return (f.magnitude.to(at::kFloat) / merged.norm(2, {1})).to(device_, dtype_);
+  };
+  std::vector<std::pair<LoraFactors*, at::Tensor>> scales;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    for (int t = 0; t < kNumLoraTargets; ++t) {
+      const auto target = static_cast<LoraTarget>(t);
+      LoraFactors* f = adapter->FindMutable(static_cast<int64_t>(i), target);
+      if (f == nullptr || !f->magnitude.defined()) continue;
+      const at::Tensor* w = nullptr;
+      switch (target) {
+        case LoraTarget::kQ:
+          w = &l.q;
+          break;
+        case LoraTarget::kK:
+          w = &l.k;
+          break;
+        case LoraTarget::kV:
+          w = &l.v;
+          break;
+        case LoraTarget::kO:
+          w = &l.o;
+          break;
+        case LoraTarget::kGate:
+          w = &l.gate;
+          break;
+        case LoraTarget::kUp:
+          w = &l.up;
+          break;
+        case LoraTarget::kDown:
+          w = &l.down;
+          break;
+      }
+      if (w == nullptr || !w->defined()) {
+        return absl::UnimplementedError(absl::StrCat("layer ", i, " ", LoraTargetName(target),
+                                                     ": DoRA on this module is not supported"));
+      }
+      scales.emplace_back(f, dora_scale(*w, *f));
+    }
+  }
+  if (LoraFactors* f = adapter->FindWholeMutable(LoraWholeModule::kLmHead);
+      f != nullptr && f->magnitude.defined()) {
+    scales.emplace_back(f, dora_scale(lm_head_, *f));
+  }
+  if (LoraFactors* f = adapter->FindWholeMutable(LoraWholeModule::kEmbedTokens);
+      f != nullptr && f->magnitude.defined()) {
+    // The [hidden, vocab] view of the table: B A is [hidden, vocab] for embedding LoRA.
+    scales.emplace_back(f, dora_scale(embed_.t(), *f));
+  }
+  for (auto& [f, s] : scales) f->dora_scale = std::move(s);
+  adapter->set_prepared();
+  return absl::OkStatus();
 }
 
 namespace {
@@ -543,6 +708,16 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
   if (input.lora != nullptr) {
     ctx.lora = input.lora;
     LORADB_ASSIGN_OR_RETURN(ctx.groups, GroupLoraRows(*input.lora, rows, device_));
+    for (int32_t slot : ctx.groups.slots) {
+      const LoraAdapter& a = *input.lora->adapters[slot];
+      if (!a.prepared()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "LoRA batch slot ", slot,
+            ": an adapter with DoRA or embed_tokens / lm_head weights needs PrepareAdapter"));
+      }
+      ctx.any_dora = ctx.any_dora || a.has_dora();
+      ctx.any_whole = ctx.any_whole || a.has_whole_modules();
+    }
   }
   at::Tensor pos = at::from_blob(positions.data(), {rows}, at::kLong).to(device_, at::kFloat);
   at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);
@@ -550,7 +725,9 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
   ctx.cos = emb.cos().to(dtype_);
   ctx.sin = emb.sin().to(dtype_);
 
-  at::Tensor h = at::embedding(embed_, ids.to(device_));
+  const at::Tensor ids_on_device = ids.to(device_);
+  at::Tensor h = at::embedding(embed_, ids_on_device);
+  if (ctx.any_whole) h = EmbedAdapters(ctx, ids_on_device, std::move(h));
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     const int64_t li = static_cast<int64_t>(i);
@@ -558,10 +735,12 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
     at::Tensor x = RmsNorm(h, l.post_norm);
     h = h + (l.moe ? MoeMlp(ctx, l, li, x) : DenseMlp(ctx, l, li, x));
   }
+  std::vector<int64_t> out_rows;  // the batch row of each logits row; empty: all rows
   if (input.last_row_logits_only) {
     std::vector<int64_t> last;
     int64_t end = 0;
     for (int64_t n : ctx.seq_lens) last.push_back((end += n) - 1);
+    out_rows = last;
     at::Tensor idx = at::from_blob(last.data(), {static_cast<int64_t>(last.size())}, at::kLong)
                          .clone()
                          .to(device_);
@@ -569,6 +748,7 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
   } else if (!input.logit_rows.empty()) {
     // A copy: backward keeps the index.
     std::vector<int64_t> picked = input.logit_rows;
+    out_rows = picked;
     h = h.index_select(
         0, at::from_blob(picked.data(), {static_cast<int64_t>(picked.size())}, at::kLong)
                .clone()
@@ -577,6 +757,7 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
   ForwardOutput out;
   out.hidden = RmsNorm(h, final_norm_);
   out.logits = at::linear(out.hidden, lm_head_);
+  if (ctx.any_whole) out.logits = HeadAdapters(ctx, out_rows, out.hidden, std::move(out.logits));
   if (ctx.cache != nullptr) {
     for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {
       ctx.cache->Commit(ctx.cache_seqs[s], ctx.seq_lens[s]);

@@ -109,6 +109,14 @@ class Qwen3Model {
   [[nodiscard]] absl::StatusOr<ForwardOutput> Forward(const ForwardInput& input,
                                                       KvCache* cache = nullptr) const;
 
+  // Readies `adapter` for this model's forward passes: DoRA scales from this model's weights
+  // (LoraFactors::dora_scale) and the check that saved base_layer weights equal this model's.
+  // OK and nothing done for an adapter already prepared (plain LoRA needs nothing). Errors,
+  // with the adapter unchanged: Unimplemented when a base_layer weight differs from the base's
+  // (e.g. a resized vocabulary) or when this model is a tensor-parallel slice (DoRA norms and
+  // the whole embedding / head need the full weights).
+  [[nodiscard]] absl::Status PrepareAdapter(LoraAdapter* adapter) const;
+
   // Replaces the applier of LoRA deltas (default: TorchLoraApplier). Not owned; must outlive
   // every Forward call.
   void set_lora_applier(const LoraApplier* applier) { applier_ = applier; }
@@ -141,6 +149,16 @@ class Qwen3Model {
   }
   at::Tensor Project(const Context& ctx, const at::Tensor& x, const at::Tensor& w,
                      const at::Tensor& bias, int64_t layer, LoraTarget target) const;
+  // DoRA rows of a projection output y (LoRA delta already added): bias + s * (y - bias).
+  at::Tensor ApplyDora(const Context& ctx, at::Tensor y, const at::Tensor& bias, int64_t layer,
+                       LoraTarget target) const;
+  // Rows whose adapter replaces or adds LoRA to embed_tokens: their embeddings of `ids`.
+  at::Tensor EmbedAdapters(const Context& ctx, const at::Tensor& ids, at::Tensor h) const;
+  // Logits rows (batch rows `out_rows`, empty = all in order) whose adapter replaces or adds
+  // LoRA to lm_head.
+  at::Tensor HeadAdapters(const Context& ctx, const std::vector<int64_t>& out_rows,
+                          const at::Tensor& hidden, at::Tensor logits) const;
+  absl::Status PrepareAdapterImpl(LoraAdapter* adapter) const;
   at::Tensor Attention(const Context& ctx, const Layer& l, int64_t layer,
                        const at::Tensor& x) const;
   // Causal attention of sequences that continue none, [rows, heads * head_dim] before o_proj.

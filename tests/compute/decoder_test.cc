@@ -3,7 +3,6 @@
 // small, sampling determinism, stop tokens, cancellation and input validation; log-probs
 // against the recorded logits, the token hook, the gauges after a cancel, and request groups
 // (one prefill for n samples).
-#include "tests/test_paths.h"
 #include "compute/decoder/decoder.h"
 
 #include <ATen/ATen.h>
@@ -22,6 +21,7 @@
 #include "compute/model/checkpoint.h"
 #include "compute/model/kernel_lora_applier.h"
 #include "storage/formats/peft.h"
+#include "tests/test_paths.h"
 #include "tests/test_util.h"
 
 namespace loradb::decoder {
@@ -110,21 +110,24 @@ class DecoderTest : public ::testing::Test {
 
   // The base with `t` merged into its weights (W + scale B A), loaded as a model.
   std::unique_ptr<model::Qwen3Model> Merged(const TestAdapter& t) {
+    std::map<std::string, at::Tensor> deltas;
+    for (const auto& [key, ab] : t.factors) {
+      deltas[key + ".weight"] =
+          t.scale * at::matmul(ab.second.to(at::kDouble), ab.first.to(at::kDouble));
+    }
+    return MergedDeltas(deltas);
+  }
+
+  // The base with `deltas` (weight name -> fp64 delta) added to its weights, loaded as a model.
+  std::unique_ptr<model::Qwen3Model> MergedDeltas(const std::map<std::string, at::Tensor>& deltas) {
     absl::StatusOr<TensorSet> set = model::ReadCheckpointTensors(model_dir_);
     EXPECT_TRUE(set.ok()) << set.status();
     auto owned = std::make_shared<std::vector<at::Tensor>>();
     auto merged = std::make_shared<TensorSet>(owned);
     for (const TensorView& v : set->tensors()) {
       at::Tensor w = at::from_blob(const_cast<std::byte*>(v.data), v.shape, at::kFloat).clone();
-      const std::string suffix = ".weight";
-      if (v.name.size() > suffix.size()) {
-        auto it = t.factors.find(v.name.substr(0, v.name.size() - suffix.size()));
-        if (it != t.factors.end()) {
-          w = (w.to(at::kDouble) + t.scale * at::matmul(it->second.second.to(at::kDouble),
-                                                        it->second.first.to(at::kDouble)))
-                  .to(at::kFloat)
-                  .contiguous();
-        }
+      if (auto it = deltas.find(v.name); it != deltas.end()) {
+        w = (w.to(at::kDouble) + it->second).to(at::kFloat).contiguous();
       }
       owned->push_back(w);
       TensorView o = v;
@@ -624,6 +627,108 @@ TEST_F(MoeDecoderTest, MixedAdaptersMatchMergedWeights) {
     std::unique_ptr<Decoder> alone = NewDecoder(nullptr, {}, merged.get());
     EXPECT_EQ((*r)->tokens, RunOne(*alone, Req("", Prompt(i, 5), 5)).tokens) << i;
   }
+}
+
+// PEFT's target_parameters layout (LoRA on the fused expert parameters gate_up_proj [E, 2I, H]
+// and down_proj [E, H, I]), imported from a PEFT directory into the packed layout and served in
+// a batch with a plain adapter and a base-only request: equals the base with every expert's
+// delta merged, computed here from the fused layout (expert e's A is rows [e r, (e + 1) r) of
+// A, its B column k is column k E + e of B; gate_up's rows are gate_proj's, then up_proj's).
+TEST_F(MoeDecoderTest, TargetParametersAdapterMatchesMergedExperts) {
+  const int64_t e_n = config_.num_experts, h = config_.hidden_size,
+                i_n = config_.moe_intermediate_size;
+  constexpr int64_t r = 2;
+  const double scale = 6.0 / r;
+  at::Generator g = at::detail::createCPUGenerator(41);
+  std::map<std::string, at::Tensor> tensors;  // PEFT names
+  std::map<std::string, at::Tensor> deltas;   // per-expert weight name -> delta
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (!config_.IsMoeLayer(l)) continue;
+    const std::string m = absl::StrCat("model.layers.", l, ".mlp.experts");
+    // gate_up_proj is registered first, so PEFT nests it innermost (one base_layer).
+    const at::Tensor gu_a = at::randn({r * e_n, h}, g, at::kFloat) * 0.2;
+    const at::Tensor gu_b = at::randn({2 * i_n, r * e_n}, g, at::kFloat) * 0.2;
+    const at::Tensor d_a = at::randn({r * e_n, i_n}, g, at::kFloat) * 0.2;
+    const at::Tensor d_b = at::randn({h, r * e_n}, g, at::kFloat) * 0.2;
+    tensors[peft::PeftTensorNameFor(m + ".base_layer", peft::LoraSide::kA, false)] = gu_a;
+    tensors[peft::PeftTensorNameFor(m + ".base_layer", peft::LoraSide::kB, false)] = gu_b;
+    tensors[peft::PeftTensorNameFor(m, peft::LoraSide::kA, false)] = d_a;
+    tensors[peft::PeftTensorNameFor(m, peft::LoraSide::kB, false)] = d_b;
+    for (int64_t e = 0; e < e_n; ++e) {
+      const at::Tensor a = gu_a.narrow(0, e * r, r).to(at::kDouble);
+      const at::Tensor b = gu_b.view({2 * i_n, r, e_n}).select(2, e).to(at::kDouble);
+      const at::Tensor da = d_a.narrow(0, e * r, r).to(at::kDouble);
+      const at::Tensor db = d_b.view({h, r, e_n}).select(2, e).to(at::kDouble);
+      const std::string p = absl::StrCat("model.layers.", l, ".mlp.experts.", e, ".");
+      deltas[p + "gate_proj.weight"] = scale * at::matmul(b.narrow(0, 0, i_n), a);
+      deltas[p + "up_proj.weight"] = scale * at::matmul(b.narrow(0, i_n, i_n), a);
+      deltas[p + "down_proj.weight"] = scale * at::matmul(db, da);
+    }
+  }
+  std::vector<TensorView> views;
+  for (const auto& [name, t] : tensors) {
+    views.push_back({name, DType::kF32, t.sizes().vec(),
+                     static_cast<const std::byte*>(t.data_ptr()), t.nbytes()});
+  }
+  absl::StatusOr<peft::LoraConfig> pc = peft::ParseLoraConfig(
+      R"({"peft_type":"LORA","r":2,"lora_alpha":6,"target_modules":[],)"
+      R"("target_parameters":["mlp.experts.gate_up_proj","mlp.experts.down_proj"]})");
+  ASSERT_TRUE(pc.ok()) << pc.status();
+  const std::string peft_dir = dir_.file("experts-peft");
+  ASSERT_TRUE(peft::WritePeftDir(peft_dir, *pc, views).ok());
+  PublishOptions o;
+  o.alias = "prod";
+  o.create_policy_base = "tiny";
+  absl::StatusOr<RevisionRecord> rev = store_->PublishPeftDir("experts", peft_dir, o);
+  ASSERT_TRUE(rev.ok()) << rev.status();
+  TestAdapter plain = MakeAdapter(310);
+  Publish("plain", plain, "prod");
+
+  std::unique_ptr<model::Qwen3Model> merged = MergedDeltas(deltas);
+  ASSERT_NE(merged, nullptr);
+
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  const std::vector<std::string> refs = {"experts:prod", "", "plain:prod"};
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    GenerateRequest q = Req(refs[i], Prompt(20 + i, 6), 5);
+    q.record_logits = true;
+    absl::StatusOr<uint64_t> id = d->Submit(std::move(q));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  std::vector<GenerateResult> got;
+  for (uint64_t id : ids) {
+    absl::StatusOr<std::optional<GenerateResult>> res = d->Poll(id);
+    ASSERT_TRUE(res.ok() && res->has_value());
+    ASSERT_EQ((*res)->finish, FinishReason::kLength) << (*res)->status;
+    got.push_back(std::move(**res));
+  }
+  std::unique_ptr<model::Qwen3Model> plain_merged = Merged(plain);
+  const model::Qwen3Model* refs_model[] = {merged.get(), model_.get(), plain_merged.get()};
+  for (size_t i = 0; i < refs.size(); ++i) {
+    std::vector<int64_t> all = Prompt(20 + i, 6);
+    all.insert(all.end(), got[i].tokens.begin(), got[i].tokens.end() - 1);
+    model::ForwardInput in;
+    in.token_ids = at::tensor(all, at::kLong);
+    absl::StatusOr<model::ForwardOutput> want = refs_model[i]->Forward(in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_EQ(got[i].logits.size(), all.size());
+    for (size_t p = 0; p < all.size(); ++p) {
+      at::Tensor ours = at::tensor(got[i].logits[p], at::kFloat);
+      at::Tensor ref = want->logits[static_cast<int64_t>(p)];
+      EXPECT_LT(((ours - ref).abs().max() / ref.abs().max()).item<double>(), 1e-4)
+          << refs[i] << " position " << p;
+    }
+  }
+  // The expert LoRA changes the output (else the comparison proves nothing).
+  model::ForwardInput in;
+  in.token_ids = at::tensor(Prompt(20, 6), at::kLong);
+  absl::StatusOr<model::ForwardOutput> a = merged->Forward(in), b = model_->Forward(in);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_GT((a->logits - b->logits).abs().max().item<double>(),
+            1e-3 * b->logits.abs().max().item<double>());
 }
 
 }  // namespace

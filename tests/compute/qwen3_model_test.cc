@@ -1,6 +1,5 @@
 // Qwen3Model: loading, KV cache consistency, batching, LoRA hooks (against merged weights),
 // the kernel-backed applier, autograd through LoRA factors, and error handling.
-#include "tests/test_paths.h"
 #include "compute/model/qwen3_model.h"
 
 #include <ATen/ATen.h>
@@ -16,6 +15,7 @@
 #include "storage/formats/safetensors.h"
 #include "storage/formats/weights_fingerprint.h"
 #include "storage/util/file_util.h"
+#include "tests/test_paths.h"
 #include "tests/test_util.h"
 
 namespace loradb::model {
@@ -424,7 +424,9 @@ TEST(Qwen3ModelTest, BadAdaptersAreRejectedWithTheModuleName) {
       {&dense,
        {"layers.0.self_attn.x_proj", t({2, h}), t({q, 2})},
        absl::StatusCode::kInvalidArgument},
-      {&dense, {"lm_head", t({2, h}), t({dense.vocab_size, 2})}, absl::StatusCode::kUnimplemented},
+      {&dense,
+       {"lm_head", t({2, h}), t({dense.vocab_size + 1, 2})},
+       absl::StatusCode::kInvalidArgument},
       {&moe,
        {"layers.0.mlp.gate", t({2, h}), t({moe.num_experts, 2})},
        absl::StatusCode::kUnimplemented},

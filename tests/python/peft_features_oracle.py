@@ -17,7 +17,8 @@ on the fused experts (gate_up_proj, down_proj) with rank and alpha patterns. Che
   experts.{e}.gate_proj/up_proj/down_proj LoRA whose delta weights equal peft's fused deltas;
 - bad inputs (a target parameter the base lacks, an expert count that disagrees with the base,
   a DoRA magnitude of the wrong shape) fail with one `error:` line and change nothing;
-- the decoder (`loradb generate`, when built with compute) refuses a DoRA revision naming DoRA.
+- the decoder (`loradb generate`, when built with compute) refuses a lora_bias revision naming
+  lora_bias (DoRA and the other features it applies are checked by peft_serving_oracle.py).
 Exit status 77 (ctest: skipped) when torch / transformers / peft / safetensors are missing.
 """
 import json
@@ -236,15 +237,15 @@ def qwen3_cases(tmp, store):
                    ["import", "--policy", "feat/dora-bad", "--base", "qwen3-tiny", bad],
                    "DoRA magnitude")
 
-    # The decoder cannot apply DoRA: it refuses the revision, naming DoRA.
+    # The decoder cannot apply lora_bias: it refuses the revision, naming it.
     if " generate " in loradb(store, "--help", ok=False).stdout:
         p = loradb(store, "generate", "--model", base_dir, "--prompt-ids", "1,2,3",
-                   "--max-tokens", "2", "--adapter", "feat/dora:prod", "--json", ok=False)
+                   "--max-tokens", "2", "--adapter", "feat/lora-bias:prod", "--json", ok=False)
         text = p.stdout + p.stderr
-        if "DoRA" not in text or "decoder" not in text:
-            fail(f"decoder on a DoRA revision: rc {p.returncode}, output {text!r}")
+        if "lora_bias" not in text or "decoder" not in text:
+            fail(f"decoder on a lora_bias revision: rc {p.returncode}, output {text!r}")
         else:
-            print("ok: the decoder refuses the DoRA revision naming DoRA")
+            print("ok: the decoder refuses the lora_bias revision naming lora_bias")
     else:
         print("note: loradb built without compute; decoder refusal not checked")
 
