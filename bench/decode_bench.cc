@@ -25,6 +25,7 @@
 
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -36,9 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "compute/decoder/decode_bench_tools.h"
 #include "compute/model/model_tools.h"
@@ -56,58 +55,30 @@ struct Options {
   std::string config = std::string(LORADB_SOURCE_DIR) + "/compute/configs/bench-60m.json";
 };
 
-bool ParseList(absl::string_view text, std::vector<int64_t>* out) {
-  out->clear();
-  for (absl::string_view p : absl::StrSplit(text, ',')) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(p, &v) || v <= 0) return false;
-    out->push_back(v);
-  }
-  return !out->empty();
-}
-
 absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
-  for (const std::string& a : args) {
-    auto num = [&](size_t skip, int64_t* v) {
-      return absl::SimpleAtoi(a.substr(skip), v) && *v > 0;
-    };
-    auto flag = [&](const char* name) { return a.rfind(name, 0) == 0; };
-    bool ok = true;
-    if (a == "decoder" || a == "model" || a == "all") {
-      o->which = a;
-    } else if (flag("--batches=")) {
-      ok = ParseList(a.substr(10), &o->batches);
-    } else if (flag("--distinct=")) {
-      ok = ParseList(a.substr(11), &o->distinct);
-    } else if (flag("--merge-batches=")) {
-      ok = ParseList(a.substr(16), &o->merge_batches);
-    } else if (flag("--steps=")) {
-      ok = num(8, &o->steps);
-    } else if (flag("--prompt=")) {
-      ok = num(9, &o->prompt);
-    } else if (flag("--rank=")) {
-      ok = num(7, &o->rank);
-    } else if (flag("--rounds=")) {
-      ok = num(9, &o->rounds);
-    } else if (flag("--threads=")) {
-      ok = num(10, &o->threads);
-    } else if (flag("--lora-threads=")) {  // the decoder case's earlier name for --threads
-      ok = num(15, &o->threads);
-    } else if (a == "--no-merge") {
-      o->merge = false;
-    } else if (flag("--config=")) {
-      o->config = a.substr(9);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "decode bench: bad argument ", a,
-          " (decoder|model|all --batches=N,.. --distinct=N,.. --steps=N --prompt=N --rank=N "
-          "--rounds=N --threads=N --merge-batches=N,.. --no-merge --config=PATH)"));
-    }
-  }
-  return absl::OkStatus();
+  CLI::App app("decode: the multi-LoRA decoder and model, adapters per batch", "decode");
+  app.add_option("case", o->which, "decoder, model or all")
+      ->check(CLI::IsMember({"decoder", "model", "all"}));
+  app.add_option("--batches", o->batches, "batch sizes, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--distinct", o->distinct, "distinct adapters per batch, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--merge-batches", o->merge_batches,
+                 "batches that run the merge path (default: every batch)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", o->steps, "decode steps")->check(CLI::PositiveNumber);
+  app.add_option("--prompt", o->prompt, "prompt tokens")->check(CLI::PositiveNumber);
+  app.add_option("--rank", o->rank, "LoRA rank")->check(CLI::PositiveNumber);
+  app.add_option("--rounds", o->rounds, "rounds (medians are reported)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", o->threads, "LibTorch and LoRA kernel threads")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("!--no-merge", o->merge, "skip the merge path");
+  app.add_option("--config", o->config, "model config (JSON)");
+  return ParseFlags(&app, args);
 }
 
 // One measured case: `run` measures it once and returns its figures (numbers, including

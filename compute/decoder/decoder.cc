@@ -186,7 +186,7 @@ absl::StatusOr<std::vector<uint64_t>> Decoder::SubmitGroup(std::vector<GenerateR
     seqs.push_back(std::move(seq));
   }
   std::vector<uint64_t> ids;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto& seq : seqs) {
     seq->id = next_id_++;
     seq->result.id = seq->id;
@@ -201,7 +201,7 @@ absl::StatusOr<std::vector<uint64_t>> Decoder::SubmitGroup(std::vector<GenerateR
 }
 
 absl::StatusOr<std::optional<GenerateResult>> Decoder::Poll(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = done_.find(id);
   if (it != done_.end()) {
     GenerateResult r = std::move(it->second);
@@ -213,7 +213,7 @@ absl::StatusOr<std::optional<GenerateResult>> Decoder::Poll(uint64_t id) {
 }
 
 absl::Status Decoder::Cancel(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!live_.contains(id)) {
     return absl::NotFoundError(absl::StrCat("request ", id, " is not queued or running"));
   }
@@ -222,12 +222,12 @@ absl::Status Decoder::Cancel(uint64_t id) {
 }
 
 bool Decoder::Idle() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return live_.empty();
 }
 
 DecoderStats Decoder::stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 
@@ -241,7 +241,7 @@ void Decoder::Finish(Sequence& seq, FinishReason reason, absl::Status status) {
   seq.result.status = std::move(status);
   std::function<void(GenerateResult)> cb = std::move(seq.request.on_done);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     live_.erase(seq.id);
     cancel_.erase(seq.id);
     if (reason == FinishReason::kError) {
@@ -259,7 +259,7 @@ absl::StatusOr<const model::LoraAdapter*> Decoder::AdapterFor(const tiers::Devic
                                                               uint64_t revision) {
   auto it = built_.find(revision);
   if (it != built_.end() && it->second->device == &dev) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++stats_.adapter_reuses;
     return &it->second->adapter;
   }
@@ -293,7 +293,7 @@ absl::StatusOr<const model::LoraAdapter*> Decoder::AdapterFor(const tiers::Devic
   const model::LoraAdapter* out = &built->adapter;
   built_[revision] = std::move(built);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++stats_.adapter_builds;
   }
   return out;
@@ -401,7 +401,7 @@ absl::Status Decoder::LeaseAdapters(std::vector<Sequence*>& candidates, std::vec
     }
   }
   for (Sequence* s : *run) s->waiting_steps = 0;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stats_.deferrals += deferred;
   return absl::OkStatus();
 }
@@ -463,7 +463,7 @@ absl::Status Decoder::Step() {
   std::vector<std::unique_ptr<Sequence>> cancelled_queued;
   absl::flat_hash_map<uint64_t, bool> cancel;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (auto it = queued_.begin(); it != queued_.end();) {
       if (cancel_.contains((*it)->id)) {
         cancelled_queued.push_back(std::move(*it));
@@ -486,7 +486,7 @@ absl::Status Decoder::Step() {
     if (cancel.contains(s->id)) Finish(*s, FinishReason::kCancelled, absl::OkStatus());
   }
   auto erase_finished = [&] {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     running_.erase(
         std::remove_if(running_.begin(), running_.end(),
                        [&](const std::unique_ptr<Sequence>& s)
@@ -558,7 +558,7 @@ absl::Status Decoder::Step() {
     erase_finished();
     ReleaseLeaseWhenIdle();
     UpdateGauges();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++stats_.steps;
     return absl::OkStatus();
   }
@@ -631,7 +631,7 @@ absl::Status Decoder::Step() {
   erase_finished();
   ReleaseLeaseWhenIdle();
   UpdateGauges();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ++stats_.steps;
   stats_.prefill_tokens += prefill_tokens;
   stats_.decode_tokens += decode_tokens;
@@ -701,7 +701,7 @@ void Decoder::ReleaseFollowers(Sequence& leader, FinishReason reason, const absl
   // line, as a group of their own.
   std::unique_ptr<Sequence> next = std::move(followers[0]);
   for (size_t i = 1; i < followers.size(); ++i) next->followers.push_back(std::move(followers[i]));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   queued_.push_front(std::move(next));
 }
 
@@ -755,7 +755,7 @@ void Decoder::UpdateGauges() {
   const auto kv = static_cast<int64_t>(cache_.num_sequences());
   const int64_t kv_bytes = cache_.allocated_bytes();
   const auto leased = static_cast<int64_t>(prev_lease_.size());
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stats_.queued = static_cast<int64_t>(queued_.size());
   stats_.running = running;
   stats_.kv_sequences = kv;

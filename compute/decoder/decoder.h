@@ -39,12 +39,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "compute/decoder/generate_types.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/store/store.h"
 #include "storage/tiers/cpu_cache.h"
 #include "storage/tiers/device_slots.h"
+#include "storage/util/mutex.h"
 
 namespace loradb::decoder {
 
@@ -245,7 +245,7 @@ class Decoder {
   absl::flat_hash_map<uint64_t, std::unique_ptr<BuiltAdapter>> built_;  // by revision
   absl::flat_hash_map<uint64_t, absl::Status> revision_base_ok_;        // checked revisions
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::unique_ptr<Sequence>> queued_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, bool> cancel_ ABSL_GUARDED_BY(mu_);  // ids asked to cancel
