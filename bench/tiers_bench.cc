@@ -618,7 +618,7 @@ absl::StatusOr<Burst> RunBurst(const Flags& f, const AdapterFileSet& files) {
     threads.emplace_back([&, i] {
       {
         MutexLock lock(&mu);
-        mu.Await(absl::Condition(&go));
+        mu.Await([&go] { return go; });
       }
       double t0 = NowSeconds();
       auto lease = cache->Acquire(static_cast<uint64_t>(i));
@@ -849,7 +849,7 @@ absl::Status RunDedup(const Flags& f) {
     threads.emplace_back([&, i] {
       {
         MutexLock lock(&mu);
-        mu.Await(absl::Condition(&go));
+        mu.Await([&go] { return go; });
       }
       double t0 = NowSeconds();
       auto lease = cache->Acquire(0);
