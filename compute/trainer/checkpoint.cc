@@ -6,6 +6,7 @@
 #include "compute/model/torch_dtype.h"
 #include "compute/trainer/tensor_io.h"
 #include "storage/formats/peft.h"
+#include "storage/formats/peft_experts.h"
 #include "storage/store/lora_peft.h"
 #include "storage/util/status_macros.h"
 
@@ -174,7 +175,26 @@ absl::StatusOr<RevisionRecord> PublishForSampling(Store* store, const Trainer& t
   opts.lora.alpha = static_cast<float>(lora.alpha);
   opts.lora.use_rslora = lora.use_rslora;
   opts.lora.target_modules = lora.target_modules;
-  return store->PublishTensors(trainer.options(policy).name, views.views, opts);
+  if (lora.target_parameters.empty()) {
+    return store->PublishTensors(trainer.options(policy).name, views.views, opts);
+  }
+  // LoRA on fused expert parameters: published as the PEFT adapter it is (target_parameters
+  // layout, its config kept for export), stored per expert like an imported one.
+  peft::PeftAdapter adapter;
+  adapter.config = ToPeftConfig(opts.lora);
+  adapter.config.target_parameters = lora.target_parameters;
+  adapter.config.task_type = "CAUSAL_LM";
+  TensorSet per_expert;
+  per_expert.Reserve(views.views.size());
+  for (const TensorView& v : views.views) LORADB_RETURN_IF_ERROR(per_expert.Add(v));
+  const ModelConfig& base = trainer.model().config();
+  LORADB_ASSIGN_OR_RETURN(
+      adapter.tensors,
+      peft::FuseTargetParameters(
+          adapter.config, per_expert,
+          peft::Qwen3MoeExpertsLayout(base.num_experts, base.hidden_size,
+                                      base.moe_intermediate_size)));
+  return store->PublishPeft(trainer.options(policy).name, adapter, opts);
 }
 
 absl::Status SetReferenceFromRevision(const Store& store, Trainer* trainer, int policy,

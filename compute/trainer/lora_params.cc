@@ -6,9 +6,12 @@
 #include <cmath>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compute/trainer/rng.h"
+#include "storage/formats/peft.h"
+#include "storage/formats/peft_experts.h"
 #include "storage/formats/tensor.h"
 #include "storage/util/status_macros.h"
 
@@ -43,8 +46,8 @@ absl::Status ValidateLoraConfig(const LoraConfig& config) {
   if (!(config.alpha > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("LoRA alpha must be > 0, got ", config.alpha));
   }
-  if (config.target_modules.empty()) {
-    return absl::InvalidArgumentError("LoRA needs at least one target module");
+  if (config.target_modules.empty() && config.target_parameters.empty()) {
+    return absl::InvalidArgumentError("LoRA needs at least one target module or parameter");
   }
   static const std::set<std::string> kUnsupported = {"embed_tokens", "lm_head", "gate"};
   for (const auto& t : config.target_modules) {
@@ -71,22 +74,76 @@ absl::StatusOr<LoraParameters> LoraParameters::Create(const ModelConfig& base,
   LoraParameters p;
   p.config_ = lora;
   Rng rng(seed);
+  const auto new_a = [&](int64_t in) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    return UniformTensor(&rng, lora.rank, in, bound).to(device).set_requires_grad(true);
+  };
+  const auto add = [&](std::string name, int64_t in, int64_t out, at::Tensor a) {
+    Module mod;
+    mod.name = std::move(name);
+    mod.in = in;
+    mod.out = out;
+    mod.a = std::move(a);
+    mod.b = at::zeros({out, lora.rank}, at::TensorOptions().dtype(at::kFloat).device(device))
+                .set_requires_grad(true);
+    p.named_[LoraBName(mod.name)] = mod.b;
+    p.modules_.push_back(std::move(mod));
+    return &p.modules_.back();
+  };
+  const bool fused_experts = !lora.target_parameters.empty();
   std::set<std::string> matched;
   for (const ModuleShape& m : base.LoraModules()) {
     const std::string last = LastComponent(m.name);
     if (!targets.count(last) || m.name.rfind("layers.", 0) != 0) continue;
+    if (fused_experts && absl::StrContains(m.name, ".mlp.experts.")) continue;
     matched.insert(last);
-    Module mod;
-    mod.name = m.name;
-    mod.in = m.in;
-    mod.out = m.out;
-    const double bound = 1.0 / std::sqrt(static_cast<double>(m.in));
-    mod.a = UniformTensor(&rng, lora.rank, m.in, bound).to(device).set_requires_grad(true);
-    mod.b = at::zeros({m.out, lora.rank}, at::TensorOptions().dtype(at::kFloat).device(device))
-                .set_requires_grad(true);
-    p.named_[LoraAName(m.name)] = mod.a;
-    p.named_[LoraBName(m.name)] = mod.b;
-    p.modules_.push_back(std::move(mod));
+    const Module* mod = add(m.name, m.in, m.out, new_a(m.in));
+    p.named_[LoraAName(mod->name)] = mod->a;
+  }
+  if (fused_experts) {
+    if (!base.is_moe()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target_parameters [", absl::StrJoin(lora.target_parameters, ", "),
+          "]: the base has no experts (LoRA on fused expert parameters needs a MoE base)"));
+    }
+    const peft::ExpertsLayout layout = peft::Qwen3MoeExpertsLayout(
+        base.num_experts, base.hidden_size, base.moe_intermediate_size);
+    peft::LoraConfig wanted;
+    wanted.target_parameters = lora.target_parameters;
+    LORADB_ASSIGN_OR_RETURN(std::vector<size_t> params, peft::TargetedParameters(wanted, layout));
+    // peft (on transformers 5) reads these target_modules of a MoE base as the experts' fused
+    // parameters, so an adapter naming both would load differently there: refused.
+    for (const peft::ExpertParameter& param : layout.params) {
+      for (const auto& [part, rows] : param.parts) {
+        if (targets.count(part)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "target module '", part, "' with target_parameters on a MoE base: peft reads it as ",
+              "the experts' ", param.name, "; adapt the experts through target_parameters only"));
+        }
+      }
+    }
+    for (int64_t l = 0; l < base.num_hidden_layers; ++l) {
+      if (!base.IsMoeLayer(l)) continue;
+      for (int64_t e = 0; e < base.num_experts; ++e) {
+        for (size_t i : params) {
+          const peft::ExpertParameter& param = layout.params[i];
+          // One A per expert and parameter, shared by its parts; named under the first part.
+          const at::Tensor a = new_a(param.in);
+          std::string first;
+          for (const auto& [part, rows] : param.parts) {
+            const Module* mod =
+                add(absl::StrCat("layers.", l, ".", layout.module, ".", e, ".", part), param.in,
+                    rows, a);
+            if (first.empty()) {
+              first = LoraAName(mod->name);
+              p.named_[first] = a;
+            } else {
+              p.shared_[LoraAName(mod->name)] = first;
+            }
+          }
+        }
+      }
+    }
   }
   std::vector<std::string> unmatched;
   for (const auto& t : targets) {

@@ -28,12 +28,19 @@ struct LoraConfig {
   // Last name component of the modules to adapt (PEFT's target_modules).
   std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
+  // Fused MoE expert parameters to adapt (PEFT's target_parameters, e.g. "gate_up_proj",
+  // "mlp.experts.down_proj"). Each expert gets one A per parameter, shared by the parameter's
+  // parts (gate_proj and up_proj of gate_up_proj), and one B per part: exactly what PEFT's
+  // fused factors express, so the trained adapter exports in that layout. When set, the experts
+  // are adapted only through it and target_modules may not name the experts' parts (gate_proj,
+  // up_proj, down_proj), which peft on transformers 5 would read as the fused parameters.
+  std::vector<std::string> target_parameters;
   // The applied scale: alpha / r, or alpha / sqrt(r) with rsLoRA.
   double Scale() const;
 };
 
-// InvalidArgument when rank < 1, alpha <= 0 or no target module is given; Unimplemented for
-// targets the model cannot adapt (embed_tokens, lm_head, the MoE router).
+// InvalidArgument when rank < 1, alpha <= 0 or neither a target module nor a target parameter is
+// given; Unimplemented for targets the model cannot adapt (embed_tokens, lm_head, the MoE router).
 [[nodiscard]] absl::Status ValidateLoraConfig(const LoraConfig& config);
 
 // PEFT tensor names of a module.
@@ -49,16 +56,21 @@ class LoraParameters {
   };
 
   // One module per base module whose last name component is in `lora.target_modules`
-  // (InvalidArgument when none matches). A is drawn uniformly from +-1/sqrt(in) (PEFT's
-  // kaiming-uniform bound) from `seed`; B is zero, so the adapter starts as the identity.
+  // (InvalidArgument naming a target module that matches none), plus the per-expert modules of
+  // `lora.target_parameters` (InvalidArgument on a base without experts or for a parameter its
+  // experts lack). A is drawn uniformly from +-1/sqrt(in) (PEFT's kaiming-uniform bound) from
+  // `seed`; B is zero, so the adapter starts as the identity.
   [[nodiscard]] static absl::StatusOr<LoraParameters> Create(const ModelConfig& base,
                                                              const LoraConfig& lora, uint64_t seed,
                                                              at::Device device = at::kCPU);
 
   const LoraConfig& config() const { return config_; }
   const std::vector<Module>& modules() const { return modules_; }
-  // Every factor by PEFT name (the same tensors as modules()).
+  // Every trained factor by PEFT name (the same tensors as modules()); a shared expert A appears
+  // once, under its first part's name.
   const std::map<std::string, at::Tensor>& named() const { return named_; }
+  // The other parts' names of shared expert A factors -> the name in named() they share.
+  const std::map<std::string, std::string>& shared() const { return shared_; }
   int64_t num_parameters() const;
 
   // An adapter over the masters for a model computing in `dtype` (the cast is part of the
@@ -78,6 +90,7 @@ class LoraParameters {
  private:
   LoraConfig config_;
   std::vector<Module> modules_;
+  std::map<std::string, std::string> shared_;
   std::map<std::string, at::Tensor> named_;
 };
 

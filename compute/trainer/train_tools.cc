@@ -53,6 +53,12 @@ absl::StatusOr<TrainRunResult> RunTaskTraining(const TrainRunOptions& o,
   po.lora.rank = o.rank;
   po.lora.alpha = o.alpha;
   po.lora.use_rslora = o.rslora;
+  po.lora.target_parameters = o.target_parameters;
+  if (!o.target_modules.empty()) {
+    po.lora.target_modules = o.target_modules;
+  } else if (!o.target_parameters.empty()) {
+    po.lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  }
   LORADB_ASSIGN_OR_RETURN(po.schedule.kind, ParseScheduleKind(o.schedule));
   po.schedule.lr = o.lr;
   po.schedule.warmup_steps = o.warmup_steps;

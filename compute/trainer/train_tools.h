@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -43,6 +44,11 @@ struct TrainRunOptions {
   int64_t rank = 8;
   double alpha = 16;
   bool rslora = false;
+  // PEFT target_modules (last name components); empty: the LoraConfig default (every attention
+  // and MLP projection), or only the attention projections when target_parameters is set.
+  std::vector<std::string> target_modules;
+  // PEFT target_parameters: fused MoE expert parameters ("gate_up_proj", "down_proj").
+  std::vector<std::string> target_parameters;
   double lr = 5e-3;
   std::string schedule = "constant";  // constant | cosine
   int64_t warmup_steps = 0;

@@ -917,10 +917,11 @@ absl::StatusOr<std::map<std::string, at::Tensor>> Trainer::ExportWeights(
   if (policy < 0 || policy >= num_policies()) {
     return absl::InvalidArgumentError(absl::StrCat("no policy index ", policy));
   }
+  const LoraParameters& params = policies_[policy].params;
   std::map<std::string, at::Tensor> out;
-  for (const auto& [name, t] : policies_[policy].params.named()) {
-    out[name] = t.detach().to(at::kCPU, dtype).clone();
-  }
+  for (const auto& [name, t] : params.named()) out[name] = t.detach().to(at::kCPU, dtype).clone();
+  // A shared expert A is exported under every part's name (the per-expert layout).
+  for (const auto& [name, first] : params.shared()) out[name] = out.at(first);
   return out;
 }
 

@@ -27,39 +27,6 @@ struct Buffers {
   }
 };
 
-// The layout's parameters that `config.target_parameters` names, as indices into
-// layout.params in registration order. An entry is `[<module suffix>.]<parameter>`, matched as
-// PEFT matches it (the parameter's full key ends with the entry).
-absl::StatusOr<std::vector<size_t>> TargetedParameters(const LoraConfig& config,
-                                                       const ExpertsLayout& layout) {
-  std::set<size_t> hit;
-  for (const std::string& entry : config.target_parameters) {
-    const size_t dot = entry.rfind('.');
-    const std::string module = dot == std::string::npos ? "" : entry.substr(0, dot);
-    const std::string param = dot == std::string::npos ? entry : entry.substr(dot + 1);
-    bool found = false;
-    for (size_t i = 0; i < layout.params.size(); ++i) {
-      if (layout.params[i].name != param) continue;
-      if (!module.empty() && module != layout.module &&
-          !absl::EndsWith(layout.module, absl::StrCat(".", module))) {
-        continue;
-      }
-      hit.insert(i);
-      found = true;
-    }
-    if (!found) {
-      std::vector<std::string> have;
-      for (const ExpertParameter& p : layout.params) {
-        have.push_back(absl::StrCat(layout.module, ".", p.name));
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "target_parameters names \"", entry, "\", a parameter the base does not have (its ",
-          "expert parameters: ", absl::StrJoin(have, ", "), ")"));
-    }
-  }
-  return std::vector<size_t>(hit.begin(), hit.end());
-}
-
 // True when `module_key` is "<anything>layers.<L>.<layout.module>".
 bool IsExpertsModule(const std::string& module_key, const ExpertsLayout& layout) {
   const std::string tail = absl::StrCat(".", layout.module);
@@ -118,6 +85,36 @@ ExpertsLayout Qwen3MoeExpertsLayout(int64_t num_experts, int64_t hidden_size,
                       {{"gate_proj", moe_intermediate_size}, {"up_proj", moe_intermediate_size}}});
   l.params.push_back({"down_proj", moe_intermediate_size, {{"down_proj", hidden_size}}});
   return l;
+}
+
+absl::StatusOr<std::vector<size_t>> TargetedParameters(const LoraConfig& config,
+                                                       const ExpertsLayout& layout) {
+  std::set<size_t> hit;
+  for (const std::string& entry : config.target_parameters) {
+    const size_t dot = entry.rfind('.');
+    const std::string module = dot == std::string::npos ? "" : entry.substr(0, dot);
+    const std::string param = dot == std::string::npos ? entry : entry.substr(dot + 1);
+    bool found = false;
+    for (size_t i = 0; i < layout.params.size(); ++i) {
+      if (layout.params[i].name != param) continue;
+      if (!module.empty() && module != layout.module &&
+          !absl::EndsWith(layout.module, absl::StrCat(".", module))) {
+        continue;
+      }
+      hit.insert(i);
+      found = true;
+    }
+    if (!found) {
+      std::vector<std::string> have;
+      for (const ExpertParameter& p : layout.params) {
+        have.push_back(absl::StrCat(layout.module, ".", p.name));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target_parameters names \"", entry, "\", a parameter the base does not have (its ",
+          "expert parameters: ", absl::StrJoin(have, ", "), ")"));
+    }
+  }
+  return std::vector<size_t>(hit.begin(), hit.end());
 }
 
 absl::StatusOr<TensorSet> UnfuseTargetParameters(const LoraConfig& config, const TensorSet& tensors,

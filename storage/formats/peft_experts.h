@@ -39,6 +39,13 @@ struct ExpertsLayout {
 ExpertsLayout Qwen3MoeExpertsLayout(int64_t num_experts, int64_t hidden_size,
                                     int64_t moe_intermediate_size);
 
+// The layout's parameters that `config.target_parameters` names, as indices into layout.params
+// in registration order. An entry is `[<module suffix>.]<parameter>` ("gate_up_proj",
+// "mlp.experts.gate_up_proj"), matched as PEFT matches it (the parameter's full key ends with
+// the entry). InvalidArgument naming an entry the layout lacks.
+[[nodiscard]] absl::StatusOr<std::vector<size_t>> TargetedParameters(const LoraConfig& config,
+                                                                     const ExpertsLayout& layout);
+
 // Converts an adapter in PEFT's target_parameters layout to per-expert LoRA. For each layer and
 // targeted parameter with rank r over E experts, PEFT's A [r * E, in] holds expert e's A in rows
 // [e * r, (e + 1) * r) and B [out, r * E] holds expert e's column k at column k * E + e; expert e

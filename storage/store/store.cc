@@ -437,14 +437,24 @@ absl::StatusOr<RevisionRecord> Store::PublishPeftDir(const std::string& policy,
                                                      const std::string& peft_dir,
                                                      PublishOptions options) {
   LORADB_ASSIGN_OR_RETURN(peft::PeftAdapter adapter, peft::ReadPeftDir(peft_dir));
-  LORADB_ASSIGN_OR_RETURN(std::string config_json, adapter.config.ToJson());
-  options.metadata[kPeftConfigKey] = config_json;
   if (options.source.kind == SourceKind::kImported) {
     if (options.source.origin.empty()) options.source.origin = peft_dir;
     Xxh3_128Stream h;
     for (const auto& t : adapter.tensors.tensors()) h.Update(t.data, t.nbytes);
     options.source.content_hash = h.Digest().Hex();
   }
+  absl::StatusOr<RevisionRecord> rev = PublishPeft(policy, adapter, std::move(options));
+  if (!rev.ok() && !adapter.config.target_parameters.empty()) {
+    return absl::Status(rev.status().code(), absl::StrCat(peft_dir, ": ", rev.status().message()));
+  }
+  return rev;
+}
+
+absl::StatusOr<RevisionRecord> Store::PublishPeft(const std::string& policy,
+                                                  const peft::PeftAdapter& adapter,
+                                                  PublishOptions options) {
+  LORADB_ASSIGN_OR_RETURN(std::string config_json, adapter.config.ToJson());
+  options.metadata[kPeftConfigKey] = config_json;
   if (adapter.config.target_parameters.empty()) {
     options.lora = FromPeftConfig(adapter.config);
     return PublishTensors(policy, adapter.tensors.tensors(), options);
@@ -453,15 +463,12 @@ absl::StatusOr<RevisionRecord> Store::PublishPeftDir(const std::string& policy,
   LORADB_ASSIGN_OR_RETURN(BaseRecord base, BaseOfPolicy(policy, options.create_policy_base));
   LORADB_ASSIGN_OR_RETURN(peft::ExpertsLayout layout, ExpertsLayoutFor(base));
   peft::LoraConfig per_expert;
-  absl::StatusOr<TensorSet> unfused =
-      peft::UnfuseTargetParameters(adapter.config, adapter.tensors, layout, &per_expert);
-  if (!unfused.ok()) {
-    return absl::Status(unfused.status().code(),
-                        absl::StrCat(peft_dir, ": ", unfused.status().message()));
-  }
+  LORADB_ASSIGN_OR_RETURN(
+      TensorSet unfused,
+      peft::UnfuseTargetParameters(adapter.config, adapter.tensors, layout, &per_expert));
   options.lora = FromPeftConfig(per_expert);
   options.pack = true;
-  return PublishTensors(policy, unfused->tensors(), options);
+  return PublishTensors(policy, unfused.tensors(), options);
 }
 
 absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& out_dir,
@@ -469,16 +476,33 @@ absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& 
   LORADB_ASSIGN_OR_RETURN(TensorSet tensors, ReadTensors(rev));
   peft::LoraConfig config;
   auto it = tensors.metadata().find(kPeftConfigKey);
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord policy, catalog_->GetPolicyById(rev.policy_id));
+  LORADB_ASSIGN_OR_RETURN(BaseRecord base, catalog_->GetBase(policy.base));
   if (it != tensors.metadata().end()) {
     LORADB_ASSIGN_OR_RETURN(config, peft::ParseLoraConfig(it->second));
   } else {
+    // Published without a PEFT config (trained, or tensors with LoRA settings): peft needs the
+    // adapted modules named (with none it falls back to its per-model defaults and skips the
+    // other tensors) and the task (a plain PeftModel cannot generate).
     config = ToPeftConfig(rev.lora);
+    if (config.target_modules.empty()) {
+      std::set<std::string> modules;
+      for (const TensorView& t : tensors.tensors()) {
+        absl::StatusOr<peft::PeftTensorName> name = peft::ParsePeftTensorName(t.name);
+        if (!name.ok()) continue;
+        const size_t dot = name->module_key.rfind('.');
+        modules.insert(dot == std::string::npos ? name->module_key
+                                                : name->module_key.substr(dot + 1));
+      }
+      config.target_modules.assign(modules.begin(), modules.end());
+    }
+    if (config.task_type.empty() && absl::StartsWith(base.arch.family, "qwen3")) {
+      config.task_type = "CAUSAL_LM";
+    }
   }
   if (config.target_parameters.empty()) {
     return peft::WritePeftDir(out_dir, config, tensors.tensors());
   }
-  LORADB_ASSIGN_OR_RETURN(PolicyRecord policy, catalog_->GetPolicyById(rev.policy_id));
-  LORADB_ASSIGN_OR_RETURN(BaseRecord base, catalog_->GetBase(policy.base));
   LORADB_ASSIGN_OR_RETURN(peft::ExpertsLayout experts, ExpertsLayoutFor(base));
   if (layout == PeftExportLayout::kPerExpert) {
     LORADB_ASSIGN_OR_RETURN(peft::LoraConfig per_expert,

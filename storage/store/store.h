@@ -25,6 +25,10 @@
 #include "storage/tiers/tier_options.h"
 #include "storage/util/store_lock.h"
 
+namespace loradb::peft {
+struct PeftAdapter;
+}  // namespace loradb::peft
+
 namespace loradb {
 
 namespace tiers {
@@ -171,6 +175,11 @@ class Store {
   [[nodiscard]] absl::StatusOr<RevisionRecord> PublishPeftDir(const std::string& policy,
                                                               const std::string& peft_dir,
                                                               PublishOptions options = {});
+  // PublishPeftDir for an adapter in memory (e.g. one a trainer made): the config is kept
+  // verbatim for export and `options.lora` is derived from it; `options.source` is used as given.
+  [[nodiscard]] absl::StatusOr<RevisionRecord> PublishPeft(const std::string& policy,
+                                                           const peft::PeftAdapter& adapter,
+                                                           PublishOptions options = {});
   // Imports a safetensors file of PEFT-named LoRA tensors; `options.lora` describes them.
   [[nodiscard]] absl::StatusOr<RevisionRecord> PublishSafetensors(const std::string& policy,
                                                                   const std::string& path,

@@ -2,7 +2,10 @@
 // export of revisions with source = checkpoint and the `latest` alias moved.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "compute/trainer/checkpoint.h"
+#include "storage/formats/peft.h"
 #include "compute/trainer/tasks.h"
 #include "tests/compute/trainer_test_util.h"
 
@@ -158,11 +161,129 @@ TEST(TrainerStore, PublishForSamplingMakesARevisionFromTheCheckpoint) {
   at::Tensor want =
       t.parameters(0).named().at(LoraBName("layers.0.self_attn.q_proj")).detach().to(at::kBFloat16);
   EXPECT_EQ(std::memcmp(b->data, want.data_ptr(), b->nbytes), 0);
+  // Exported for peft: every adapted module named, a causal LM task.
+  TempDir out;
+  ASSERT_TRUE((*store)->ExportPeftDir(*rev, out.path()).ok());
+  auto exported = ReadPeftDir(out.path());
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->config.task_type, "CAUSAL_LM");
+  EXPECT_EQ(exported->config.target_modules, t.options(0).lora.target_modules);
   // A second export moves `latest` forward.
   Steps(&t, **task, 1, sc);
   auto rev2 = PublishForSampling(store->get(), t, 0, ck->id);
   ASSERT_TRUE(rev2.ok());
   EXPECT_EQ((*store)->GetRevisionByAlias("acme/sft", "latest")->id, rev2->id);
+}
+
+// LoRA on the fused MoE expert parameters (PEFT's target_parameters): each expert's gate_proj
+// and up_proj train one shared A, the published revision exports in PEFT's fused layout, and the
+// per-expert export shows the shared A under both parts.
+TEST(TrainerStore, FusedExpertParametersTrainAndExportInPeftLayout) {
+  TempDir model_dir, dir, out_fused, out_per_expert;
+  auto config = ReadModelConfig(std::string(LORADB_SOURCE_DIR) + "/compute/configs/tiny-moe.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(model::WriteRandomCheckpoint(*config, model_dir.path(), 7, at::kFloat, 0.02).ok());
+  auto model = model::Qwen3Model::Load(model_dir.path());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  ASSERT_GT(moe_layers, 0);
+
+  PolicyOptions o = Opts("acme/experts");
+  o.lora.target_modules = {"q_proj"};
+  o.lora.target_parameters = {"gate_up_proj", "mlp.experts.down_proj"};
+  Trainer t(model->get());
+  ASSERT_TRUE(t.AddPolicy(o).ok());
+  const LoraParameters& params = t.parameters(0);
+  const int64_t experts = moe_layers * c.num_experts;
+  // q_proj everywhere; per expert A + 2 B (gate_up_proj) and A + B (down_proj).
+  EXPECT_EQ(params.named().size(), static_cast<size_t>(2 * c.num_hidden_layers + 5 * experts));
+  EXPECT_EQ(params.shared().size(), static_cast<size_t>(experts));
+  const std::string gate = "layers.0.mlp.experts.3.gate_proj", up = "layers.0.mlp.experts.3.up_proj";
+  ASSERT_EQ(params.shared().at(LoraAName(up)), LoraAName(gate));
+
+  auto task = MakeTask("mapping", c.vocab_size, 1);
+  ASSERT_TRUE(task.ok());
+  StepConfig sc;
+  sc.batch_size = 8;
+  const at::Tensor a_before = params.named().at(LoraAName(gate)).detach().clone();
+  Steps(&t, **task, 2, sc);
+  EXPECT_FALSE(at::equal(params.named().at(LoraAName(gate)), a_before));
+  EXPECT_GT(params.named().at(LoraBName(up)).abs().sum().item<float>(), 0.0f);
+
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(EnsurePolicy(store->get(), "tiny-moe", model_dir.path(), "acme/experts").ok());
+  auto ck = SaveCheckpoint(store->get(), t, 0, 0);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  auto rev = PublishForSampling(store->get(), t, 0, ck->id, "latest", DType::kF32);
+  ASSERT_TRUE(rev.ok()) << rev.status();
+
+  // Fused (as trained): PEFT's names and shapes, the config's target_parameters kept.
+  ASSERT_TRUE((*store)->ExportPeftDir(*rev, out_fused.path()).ok());
+  auto fused = ReadPeftDir(out_fused.path());
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(fused->config.target_parameters, o.lora.target_parameters);
+  const int64_t r = o.lora.rank, e = c.num_experts;
+  // PEFT wraps the experts once per targeted parameter, in registration order: gate_up_proj is
+  // the inner one (".base_layer"), down_proj the outer.
+  const TensorView* gu_a =
+      fused->tensors.Find("base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight");
+  const TensorView* gu_b =
+      fused->tensors.Find("base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight");
+  const TensorView* down_a =
+      fused->tensors.Find("base_model.model.model.layers.0.mlp.experts.lora_A.weight");
+  ASSERT_TRUE(gu_a && gu_b && down_a);
+  EXPECT_EQ(gu_a->shape, (std::vector<int64_t>{r * e, c.hidden_size}));
+  EXPECT_EQ(gu_b->shape, (std::vector<int64_t>{2 * c.moe_intermediate_size, r * e}));
+  EXPECT_EQ(down_a->shape, (std::vector<int64_t>{r * e, c.moe_intermediate_size}));
+  // Expert 3's A is rows [3r, 4r) of the fused A, bit for bit.
+  const at::Tensor master = params.named().at(LoraAName(gate)).detach().contiguous();
+  EXPECT_EQ(std::memcmp(reinterpret_cast<const float*>(gu_a->data) + 3 * r * c.hidden_size,
+                        master.data_ptr<float>(), master.nbytes()),
+            0);
+
+  // Per expert: gate_proj and up_proj carry the same A.
+  ASSERT_TRUE((*store)
+                  ->ExportPeftDir(*rev, out_per_expert.path(), Store::PeftExportLayout::kPerExpert)
+                  .ok());
+  auto per = ReadPeftDir(out_per_expert.path());
+  ASSERT_TRUE(per.ok()) << per.status();
+  EXPECT_TRUE(per->config.target_parameters.empty());
+  const TensorView* ga = per->tensors.Find(LoraAName(gate));
+  const TensorView* ua = per->tensors.Find(LoraAName(up));
+  ASSERT_TRUE(ga && ua);
+  ASSERT_EQ(ga->nbytes, ua->nbytes);
+  EXPECT_EQ(std::memcmp(ga->data, ua->data, ga->nbytes), 0);
+}
+
+TEST(TrainerStore, FusedExpertParametersRefusedWhereTheBaseLacksThem) {
+  LoraConfig lora;
+  lora.target_modules = {"q_proj"};
+  lora.target_parameters = {"gate_up_proj"};
+  auto dense = LoraParameters::Create(TinyTrainerModel().config(), lora, 1);
+  ASSERT_EQ(dense.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dense.status().message().find("target_parameters"), std::string::npos);
+  auto moe = ReadModelConfig(std::string(LORADB_SOURCE_DIR) + "/compute/configs/tiny-moe.json");
+  ASSERT_TRUE(moe.ok());
+  lora.target_parameters = {"mlp.experts.gate_proj"};
+  auto bad = LoraParameters::Create(*moe, lora, 1);
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("mlp.experts.gate_proj"), std::string::npos)
+      << bad.status();
+  // An expert part among the target modules: peft would read it as the fused parameter.
+  lora.target_parameters = {"gate_up_proj"};
+  lora.target_modules = {"q_proj", "up_proj"};
+  auto both = LoraParameters::Create(*moe, lora, 1);
+  ASSERT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(both.status().message().find("'up_proj'"), std::string::npos) << both.status();
+  // Only target_parameters: no target module is needed.
+  lora.target_modules.clear();
+  lora.target_parameters = {"down_proj"};
+  auto only = LoraParameters::Create(*moe, lora, 1);
+  ASSERT_TRUE(only.ok()) << only.status();
+  EXPECT_TRUE(only->shared().empty());  // down_proj has one part: nothing shared
 }
 
 TEST(TrainerStore, CheckpointKeepsAlphaAndRsLoraAndResumeUsesThem) {

@@ -290,6 +290,17 @@ TEST_F(StoreTest, PeftDirImportExportRoundTripsBytes) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->config.RankFor("model.layers.0.self_attn.k_proj"), 2);
   EXPECT_DOUBLE_EQ(back->config.ScaleFor("model.layers.0.self_attn.k_proj"), 3 / std::sqrt(2.0));
+  // Settings without target modules: the export names them from the tensors (peft would
+  // otherwise fall back to its per-model defaults and skip every other tensor). The fixture's
+  // base is a module table, not a known causal LM: the task stays unset.
+  plain.lora.target_modules.clear();
+  auto r3 = store_->PublishTensors("acme/support", t->tensors(), plain);
+  ASSERT_TRUE(r3.ok()) << r3.status();
+  ASSERT_TRUE(store_->ExportPeftDir(*r3, dir_.file("out3")).ok());
+  auto named = peft::ReadPeftDir(dir_.file("out3"));
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->config.target_modules, (std::vector<std::string>{"k_proj", "q_proj"}));
+  EXPECT_EQ(named->config.task_type, "");
 
   // DoRA is stored with its magnitudes and exported unchanged; a magnitude of the wrong shape
   // is refused by name and changes nothing.
@@ -320,7 +331,7 @@ TEST_F(StoreTest, PeftDirImportExportRoundTripsBytes) {
   EXPECT_NE(bad.status().message().find("DoRA magnitude has shape [8], want [16]"),
             std::string::npos)
       << bad.status();
-  EXPECT_EQ(store_->ListRevisions("acme/support", 0, 0)->items.size(), 3u);
+  EXPECT_EQ(store_->ListRevisions("acme/support", 0, 0)->items.size(), 4u);
   ExpectVerifyOk();
 }
 

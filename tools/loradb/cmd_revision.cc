@@ -65,9 +65,9 @@ void SetupExport(CLI::App* sub, Invocation* inv) {
   sub->add_option("REV", o->ref, "revision id, POLICY:ALIAS or POLICY@SEQ")->required();
   sub->add_option("OUT_DIR", o->out, "PEFT directory to write")->required();
   sub->add_option("--layout", o->layout,
-                  "peft: as imported (default); per-expert: LoRA on fused expert parameters "
-                  "(target_parameters) written as per-expert target_modules (experts.{e}.gate_proj "
-                  "...)")
+                  "peft: the adapter's own layout, as imported or trained (default); per-expert: "
+                  "LoRA on fused expert parameters (target_parameters) written as per-expert "
+                  "target_modules (experts.{e}.gate_proj ...)")
       ->check(CLI::IsMember({"peft", "per-expert"}));
   AddJsonFlag(sub, &o->json);
   OnStore(sub, inv, [o](Store& store) -> absl::Status {

@@ -274,6 +274,14 @@ void SetupTrain(CLI::App* sub, Invocation* inv) {
   sub->add_option("--rank", r.rank, "LoRA rank (default 8)");
   sub->add_option("--alpha", r.alpha, "LoRA alpha (default 16)");
   sub->add_flag("--rslora", r.rslora, "scale by alpha/sqrt(r)");
+  sub->add_option("--target-modules", r.target_modules,
+                  "modules to adapt, comma-separated (default: q/k/v/o_proj and "
+                  "gate/up/down_proj; with --target-parameters: q/k/v/o_proj)")
+      ->delimiter(',');
+  sub->add_option("--target-parameters", r.target_parameters,
+                  "MoE bases: fused expert parameters to adapt as PEFT target_parameters, "
+                  "comma-separated (gate_up_proj, down_proj); exported in that PEFT layout")
+      ->delimiter(',');
   sub->add_option("--lr", r.lr, "peak learning rate (default 5e-3)");
   sub->add_option("--schedule", r.schedule, "constant | cosine (default constant)");
   sub->add_option("--warmup", r.warmup_steps, "linear warmup steps (cosine)");
