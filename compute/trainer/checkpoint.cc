@@ -190,10 +190,9 @@ absl::StatusOr<RevisionRecord> PublishForSampling(Store* store, const Trainer& t
   const ModelConfig& base = trainer.model().config();
   LORADB_ASSIGN_OR_RETURN(
       adapter.tensors,
-      peft::FuseTargetParameters(
-          adapter.config, per_expert,
-          peft::Qwen3MoeExpertsLayout(base.num_experts, base.hidden_size,
-                                      base.moe_intermediate_size)));
+      peft::FuseTargetParameters(adapter.config, per_expert,
+                                 peft::Qwen3MoeExpertsLayout(base.num_experts, base.hidden_size,
+                                                             base.moe_intermediate_size)));
   return store->PublishPeft(trainer.options(policy).name, adapter, opts);
 }
 

@@ -106,8 +106,8 @@ absl::StatusOr<LoraParameters> LoraParameters::Create(const ModelConfig& base,
           "target_parameters [", absl::StrJoin(lora.target_parameters, ", "),
           "]: the base has no experts (LoRA on fused expert parameters needs a MoE base)"));
     }
-    const peft::ExpertsLayout layout = peft::Qwen3MoeExpertsLayout(
-        base.num_experts, base.hidden_size, base.moe_intermediate_size);
+    const peft::ExpertsLayout layout =
+        peft::Qwen3MoeExpertsLayout(base.num_experts, base.hidden_size, base.moe_intermediate_size);
     peft::LoraConfig wanted;
     wanted.target_parameters = lora.target_parameters;
     LORADB_ASSIGN_OR_RETURN(std::vector<size_t> params, peft::TargetedParameters(wanted, layout));

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "compute/trainer/checkpoint.h"
-#include "storage/formats/peft.h"
 #include "compute/trainer/tasks.h"
+#include "storage/formats/peft.h"
 #include "tests/compute/trainer_test_util.h"
 
 namespace loradb::trainer {
@@ -200,7 +200,8 @@ TEST(TrainerStore, FusedExpertParametersTrainAndExportInPeftLayout) {
   // q_proj everywhere; per expert A + 2 B (gate_up_proj) and A + B (down_proj).
   EXPECT_EQ(params.named().size(), static_cast<size_t>(2 * c.num_hidden_layers + 5 * experts));
   EXPECT_EQ(params.shared().size(), static_cast<size_t>(experts));
-  const std::string gate = "layers.0.mlp.experts.3.gate_proj", up = "layers.0.mlp.experts.3.up_proj";
+  const std::string gate = "layers.0.mlp.experts.3.gate_proj",
+                    up = "layers.0.mlp.experts.3.up_proj";
   ASSERT_EQ(params.shared().at(LoraAName(up)), LoraAName(gate));
 
   auto task = MakeTask("mapping", c.vocab_size, 1);
