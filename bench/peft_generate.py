@@ -9,27 +9,31 @@ SPEC is a JSON file the C++ side writes:
                the greedy tokens loradb generated for it
   max_tokens   tokens generated per row
   threads      torch.set_num_threads (loradb's LibTorch and kernel thread count)
+  rounds       timed generate calls; the median time is reported
 
 The base loads with transformers (fp32, its default attention), the adapters with peft
 (PeftModelForCausalLM.from_pretrained, then load_adapter for each further one). Every tensor of
 each adapter file must have landed in the model (peft silently keeps only the modules its
 config targets), else exit 1. A warm-up generate of two
-tokens on the same batch is not timed; then one timed `generate` decodes the whole batch
-greedily with peft's mixed-adapter batching (`adapter_names`, one per row), the way a CPU user
-serves several adapters in one batch without loradb. Timed: that one call (prefill included).
+tokens on the same batch is not timed; then `rounds` timed `generate` calls each decode the
+whole batch greedily with peft's mixed-adapter batching (`adapter_names`, one per row), the way
+a CPU user serves several adapters in one batch without loradb. Timed: each call (prefill
+included); reported: the median.
 
-The check that both sides did the same work: every row must produce max_tokens tokens, equal to
+The check that both sides did the same work (on every round's output): every row must produce
+max_tokens tokens, equal to
 loradb's up to the first position where the two disagree and this side's logits there are a
 near-tie (loradb's token scores within TIE_REL of the best, relative to the row's largest
 |logit|: fp32 sums in another order may flip such an argmax; the row is compared no further).
 Any other difference exits 1 with the row and position on stderr.
 
-Prints one JSON object: seconds, completion_tokens, tokens_per_s, rows, rows_compared_whole,
-tokens_compared, near_ties, versions. Exit status 77: torch, transformers or peft is not
-installed.
+Prints one JSON object: seconds (the median), round_seconds, completion_tokens, tokens_per_s,
+rows, rows_compared_whole, tokens_compared, near_ties (of the last round), versions. Exit status
+77: torch, transformers or peft is not installed.
 """
 import json
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -64,6 +68,24 @@ def compare(row_index, ours, theirs, scores):
               f"loradb {ours}, transformers+peft {theirs}", file=sys.stderr)
         sys.exit(1)
     return len(ours), None
+
+
+def check_round(rows, max_tokens, out, prompt_len):
+    """Compares one generate output with loradb's rows; returns (rows compared whole, tokens
+    compared, near-ties), or exits 1."""
+    whole, compared, ties = 0, 0, 0
+    for i, (row, theirs) in enumerate(zip(rows, out.sequences[:, prompt_len:].tolist())):
+        if len(theirs) != max_tokens:
+            print(f"peft_generate: row {i} generated {len(theirs)} tokens, not {max_tokens}",
+                  file=sys.stderr)
+            sys.exit(1)
+        n, tie = compare(i, row["tokens"], theirs, [s[i] for s in out.logits])
+        compared += n
+        if tie is None:
+            whole += 1
+        else:
+            ties += 1
+    return whole, compared, ties
 
 
 def check_loaded(model, name, adapter_dir):
@@ -106,28 +128,19 @@ def main():
     ids = torch.tensor([r["prompt"] for r in rows], dtype=torch.long)
     kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
                   adapter_names=[r["adapter"] for r in rows], do_sample=False, pad_token_id=0)
+    times = []
     with torch.inference_mode():
         model.generate(max_new_tokens=2, **kwargs)
-        t0 = time.perf_counter()
-        out = model.generate(max_new_tokens=max_tokens, output_logits=True,
-                             return_dict_in_generate=True, **kwargs)
-        seconds = time.perf_counter() - t0
-
-    generated = out.sequences[:, ids.shape[1]:].tolist()
-    whole, compared, ties = 0, 0, 0
-    for i, (row, theirs) in enumerate(zip(rows, generated)):
-        if len(theirs) != max_tokens:
-            print(f"peft_generate: row {i} generated {len(theirs)} tokens, not {max_tokens}",
-                  file=sys.stderr)
-            return 1
-        n, tie = compare(i, row["tokens"], theirs, [s[i] for s in out.logits])
-        compared += n
-        if tie is None:
-            whole += 1
-        else:
-            ties += 1
+        for _ in range(int(spec["rounds"])):
+            t0 = time.perf_counter()
+            out = model.generate(max_new_tokens=max_tokens, output_logits=True,
+                                 return_dict_in_generate=True, **kwargs)
+            times.append(time.perf_counter() - t0)
+            whole, compared, ties = check_round(rows, max_tokens, out, ids.shape[1])
+    seconds = statistics.median(times)
     completion = len(rows) * max_tokens
-    print(json.dumps({"seconds": seconds, "completion_tokens": completion,
+    print(json.dumps({"seconds": seconds, "round_seconds": times,
+                      "completion_tokens": completion,
                       "tokens_per_s": completion / seconds if seconds > 0 else 0,
                       "rows": len(rows), "rows_compared_whole": whole,
                       "tokens_compared": compared, "near_ties": ties,
