@@ -1,5 +1,6 @@
 // Shared plumbing for loradb-bench scenarios: the scenario registry, JSON-line output
-// (DESIGN.md section 8) and timing helpers. Measurements go to stdout as one JSON object per
+// (DESIGN.md section 8), timing helpers, scratch directories, loopback sockets and child
+// commands. Measurements go to stdout as one JSON object per
 // line; progress goes to stderr.
 #ifndef LORADB_BENCH_BENCH_UTIL_H_
 #define LORADB_BENCH_BENCH_UTIL_H_
@@ -7,12 +8,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace CLI {
 class App;
@@ -62,6 +65,35 @@ inline double NowSeconds() {
 
 // The q-quantile (0..1) of `samples` (copied, then partially sorted). 0 for an empty set.
 double Quantile(std::vector<double> samples, double q);
+
+// A fresh directory under the system temp dir named PREFIX-PID, removed (with its contents)
+// when this goes out of scope.
+class ScopedBenchDir {
+ public:
+  explicit ScopedBenchDir(const std::string& prefix);
+  ~ScopedBenchDir();
+  ScopedBenchDir(const ScopedBenchDir&) = delete;
+  ScopedBenchDir& operator=(const ScopedBenchDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A blocking TCP socket connected to 127.0.0.1:`port` with TCP_NODELAY set (the caller closes
+// it), or -1 when the socket cannot be created or connected.
+int ConnectLoopback(int port);
+
+// What RunJsonCommand saw: the command's exit status (-1 when it did not exit normally) and the
+// last line of its stdout that parses as a JSON object (null when none did).
+struct JsonCommandResult {
+  int exit_status = -1;
+  nlohmann::json last_object;
+};
+
+// Runs `command` through /bin/sh, its stderr going to ours, and collects its stdout.
+// Errors: Internal when the command cannot be started.
+[[nodiscard]] absl::StatusOr<JsonCommandResult> RunJsonCommand(const std::string& command);
 
 }  // namespace loradb::bench
 

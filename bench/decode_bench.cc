@@ -23,8 +23,6 @@
 // path; default every batch) --no-merge --config=PATH.
 #if defined(LORADB_COMPUTE_AVAILABLE)
 
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
@@ -324,8 +322,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   Options o;
   absl::Status st = ParseArgs(args, &o);
   if (!st.ok()) return st;
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / absl::StrCat("loradb-bench-decode-", getpid());
+  const ScopedBenchDir scratch("loradb-bench-decode");
+  const std::filesystem::path& dir = scratch.path();
   std::filesystem::create_directories(dir / "decoder");
   std::filesystem::create_directories(dir / "model");
   absl::Status result = absl::OkStatus();
@@ -335,8 +333,6 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (result.ok() && (o.which == "model" || o.which == "all")) {
     result = RunModelCases(o, (dir / "model").string());
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
   return result;
 }
 

@@ -56,16 +56,6 @@ double LoadAverage1m() {
   return v;
 }
 
-ScopedBenchDir::ScopedBenchDir(const std::string& prefix)
-    : path_(std::filesystem::temp_directory_path() / absl::StrCat(prefix, "-", getpid())) {
-  std::filesystem::create_directories(path_);
-}
-
-ScopedBenchDir::~ScopedBenchDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 namespace {
 
 namespace fs = std::filesystem;

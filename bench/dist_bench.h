@@ -4,7 +4,6 @@
 #ifndef LORADB_BENCH_DIST_BENCH_H_
 #define LORADB_BENCH_DIST_BENCH_H_
 
-#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,20 +25,6 @@ bool RegisterDistCase(DistCaseDef def);
 // Helpers shared by the dist cases.
 std::string Env(const char* name);  // "" when unset
 double LoadAverage1m();             // /proc/loadavg's first field (0 if unreadable)
-
-// A fresh directory under the system temp dir named PREFIX-PID, removed (with its contents)
-// when this goes out of scope.
-class ScopedBenchDir {
- public:
-  explicit ScopedBenchDir(const std::string& prefix);
-  ~ScopedBenchDir();
-  ScopedBenchDir(const ScopedBenchDir&) = delete;
-  ScopedBenchDir& operator=(const ScopedBenchDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 }  // namespace loradb::bench
 

@@ -9,10 +9,7 @@
 // latency). Reports throughput, p50/p99/max latency and errors per case; goal lines: read p99
 // < 5 ms (C connections), zero errors over every case.
 #ifdef LORADB_HTTP_AVAILABLE
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,7 +18,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -172,22 +168,6 @@ ParsedResponse ParseResponse(const std::string& buf) {
   r.status = status;
   r.length = end + 4 + body;
   return r;
-}
-
-int ConnectLoopback(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 int BlockingRoundTrip(int fd, const std::string& request) {
@@ -356,18 +336,11 @@ void EmitLoad(const std::string& name, const HttpBenchArgs& a, const LoadResult&
 
 absl::Status RunHttpBench(const std::vector<std::string>& raw_args) {
   LORADB_ASSIGN_OR_RETURN(HttpBenchArgs a, ParseArgs(raw_args));
-  std::string tmpl = (std::filesystem::temp_directory_path() / "loradb-http-bench-XXXXXX").string();
-  if (::mkdtemp(tmpl.data()) == nullptr) return absl::InternalError("mkdtemp failed");
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{tmpl};
+  const ScopedBenchDir scratch("loradb-http-bench");
 
   Progress(absl::StrCat("seeding ", a.policies, " x ", a.revisions_per_policy, " revisions"));
-  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Store> opened, Store::Open(tmpl + "/store"));
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<Store> opened,
+                          Store::Open((scratch.path() / "store").string()));
   std::shared_ptr<Store> store(std::move(opened));
   LORADB_ASSIGN_OR_RETURN(Seeded seeded, Seed(store.get(), a));
 

@@ -1,27 +1,35 @@
 // Scenario `serve`: serving through serving::CompletionService in-process (the layer the
 // OpenAI-compatible routes sit on; the HTTP path is measured against these figures). A random
 // base (--config, default compute/configs/bench-60m.json, fp32) and rank --rank adapters
-// published in a store; concurrent client threads, each a closed loop of --requests greedy
-// completions of --tokens tokens on random --prompt-token prompts. Two cases:
-//  - `throughput`: --clients clients each naming its own adapter, versus the same clients all
-//    on the base; completion tokens/s over the whole run (prefill included).
-//    Goal: distinct adapters >= 0.6x the base.
-//  - `cliff`: a device arena of exactly --slots adapters; --cliff-clients clients round-robin
+// published in a store. Three cases:
+//  - `throughput`: concurrent client threads, each a closed loop of --requests greedy
+//    completions of --tokens tokens on random --prompt-token prompts; --clients clients each
+//    naming its own adapter, versus the same clients all on the base; completion tokens/s over
+//    the whole run (prefill included). Goal: distinct adapters >= 0.6x the base.
+//  - `cliff`: a device arena of exactly --slots adapters; --cliff-clients such clients round-robin
 //    over 1x, 2x and 4x --slots distinct adapters (all resident in the CPU tier); time to
 //    first token (Submit to the first token callback) p50 / p99.
 //    Goal: TTFT p50 and p99 at 4x the slots <= 3x those at 1x.
-// Each case runs twice side by side on the same service: in-process (Complete) and through the
-// HTTP endpoint (api/openai's POST /v1/completions on an in-process server over loopback, one
-// keep-alive connection per client, `stream: true`, TTFT = the first token's event). Extra goals:
-// HTTP base tokens/s >= 0.9x in-process at the same batch (the endpoint's overhead), and the
-// distinct-vs-base and cliff goals over HTTP.
+//  - `peft`: the peer a CPU user would otherwise pick. One greedy batch of --peft-rows rows,
+//    each on its own adapter (random --prompt-token prompts, --tokens tokens), decoded by loradb
+//    (every row submitted at once to the service) and by transformers + peft in a python3 child
+//    (bench/peft_generate.py: the same checkpoint, the same adapters exported from the store as
+//    PEFT directories, `generate(..., adapter_names=[...])` per row, torch.set_num_threads equal
+//    to --threads). Both sides warm up on the batch first, then decode it --peft-rounds times;
+//    timed: the whole batch, prefill included; reported: the median. The child checks that its
+//    greedy tokens equal loradb's (near-ties aside), so both did the same work, and fails the case
+//    otherwise. Goal: loradb tokens/s >= 5x. Skipped, with a note on stderr, when torch /
+//    transformers / peft are not installed.
+// The throughput and cliff cases run twice side by side on the same service: in-process (Complete)
+// and through the HTTP endpoint (api/openai's POST /v1/completions on an in-process server over
+// loopback, one keep-alive connection per client, `stream: true`, TTFT = the first token's event).
+// Extra goals: HTTP base tokens/s >= 0.9x in-process at the same batch (the endpoint's overhead),
+// and the distinct-vs-base and cliff goals over HTTP.
 // Flags: --clients=N --cliff-clients=N --slots=N --requests=N --prompt=N --tokens=N --rank=N
-// --threads=N (LibTorch intra-op and LoRA kernel threads) --config=PATH.
+// --peft-rows=N --peft-rounds=N --threads=N (LibTorch intra-op and LoRA kernel threads; the peft
+// child's torch threads) --config=PATH.
 #if defined(LORADB_COMPUTE_AVAILABLE) && defined(LORADB_OPENAI_AVAILABLE)
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,6 +37,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -52,16 +61,16 @@ namespace loradb::bench {
 namespace {
 
 struct Options {
-  std::string which = "all";  // throughput | cliff | all
+  std::string which = "all";  // throughput | cliff | peft | all
   int64_t clients = 64, cliff_clients = 32, slots = 8, requests = 2, prompt = 16, tokens = 16;
-  int64_t rank = 16, threads = 1;
+  int64_t rank = 16, threads = 1, peft_rows = 8, peft_rounds = 3;
   std::string config = std::string(LORADB_SOURCE_DIR) + "/compute/configs/bench-60m.json";
 };
 
 absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
   CLI::App app("serve: completions from many adapters, in-process and over HTTP", "serve");
-  app.add_option("case", o->which, "throughput, cliff or all")
-      ->check(CLI::IsMember({"throughput", "cliff", "all"}));
+  app.add_option("case", o->which, "throughput, cliff, peft or all")
+      ->check(CLI::IsMember({"throughput", "cliff", "peft", "all"}));
   app.add_option("--clients", o->clients, "concurrent clients")->check(CLI::PositiveNumber);
   app.add_option("--cliff-clients", o->cliff_clients, "cliff: concurrent clients")
       ->check(CLI::PositiveNumber);
@@ -70,6 +79,10 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
   app.add_option("--prompt", o->prompt, "prompt tokens")->check(CLI::PositiveNumber);
   app.add_option("--tokens", o->tokens, "completion tokens")->check(CLI::PositiveNumber);
   app.add_option("--rank", o->rank, "LoRA rank")->check(CLI::PositiveNumber);
+  app.add_option("--peft-rows", o->peft_rows, "peft: batch rows, one adapter each")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--peft-rounds", o->peft_rounds, "peft: timed batches per side (median)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--threads", o->threads, "LibTorch and LoRA kernel threads")
       ->check(CLI::PositiveNumber);
   app.add_option("--config", o->config, "model config (JSON)");
@@ -142,20 +155,8 @@ class HttpClient {
 
  private:
   bool Connect() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) return false;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int one = 1;
-    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      ::close(fd_);
-      fd_ = -1;
-      return false;
-    }
-    return true;
+    fd_ = ConnectLoopback(port_);
+    return fd_ >= 0;
   }
   int port_;
   int fd_ = -1;
@@ -196,6 +197,12 @@ class Endpoint {
   std::thread thread_;
 };
 
+std::vector<int64_t> RandomPrompt(std::mt19937_64& rng, int64_t length, int64_t vocab) {
+  std::vector<int64_t> prompt(static_cast<size_t>(length));
+  for (int64_t& t : prompt) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  return prompt;
+}
+
 // `clients` threads, client i naming models[i % models.size()], each running `o.requests`
 // completions one after another: in-process (http_port 0) or through the endpoint on
 // `http_port` (one keep-alive connection per client).
@@ -217,10 +224,7 @@ absl::StatusOr<RunFigures> RunClients(serving::CompletionService& svc, const Opt
       for (int64_t r = 0; r < o.requests; ++r) {
         serving::CompletionRequest req;
         req.model = models[static_cast<size_t>(c) % models.size()];
-        req.prompt.resize(static_cast<size_t>(o.prompt));
-        for (int64_t& t : req.prompt) {
-          t = static_cast<int64_t>(rng() % static_cast<uint64_t>(svc.vocab_size()));
-        }
+        req.prompt = RandomPrompt(rng, o.prompt, svc.vocab_size());
         req.max_tokens = o.tokens;
         req.temperature = 0;
         if (http != nullptr) {
@@ -299,6 +303,7 @@ double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
 struct Setup {
   std::string model_dir;
   std::unique_ptr<Store> store;
+  std::vector<RevisionRecord> revisions;  // p0.. in order
   uint64_t adapter_bytes = 0;
   int64_t adapter_tensors = 0;
 };
@@ -326,6 +331,7 @@ absl::StatusOr<Setup> MakeSetup(const Options& o, const std::string& dir, int64_
     absl::StatusOr<RevisionRecord> rev =
         serving::PublishRandomAdapter(*s.store, "bench", absl::StrCat("p", i), "prod", spec);
     if (!rev.ok()) return rev.status();
+    s.revisions.push_back(*rev);
     if (i == 0) {
       absl::StatusOr<TensorSet> t = s.store->ReadTensors(*rev);
       if (!t.ok()) return t.status();
@@ -461,16 +467,148 @@ absl::Status RunCliff(const Options& o, const Setup& s) {
   return absl::OkStatus();
 }
 
+// One greedy batch: row i names models[i] with prompts[i], every row submitted at once (one
+// thread each, so they share the decoder's steps). Wall time over the whole batch and each
+// row's tokens.
+struct BatchRun {
+  double seconds = 0;
+  int64_t completion_tokens = 0;
+  std::vector<std::vector<int64_t>> tokens;
+};
+
+absl::StatusOr<BatchRun> RunBatch(serving::CompletionService& svc,
+                                  const std::vector<std::string>& models,
+                                  const std::vector<std::vector<int64_t>>& prompts,
+                                  int64_t max_tokens) {
+  BatchRun run;
+  run.tokens.resize(prompts.size());
+  std::vector<absl::Status> errors(prompts.size());
+  const double t0 = NowSeconds();
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] {
+      serving::CompletionRequest req;
+      req.model = models[i];
+      req.prompt = prompts[i];
+      req.max_tokens = max_tokens;
+      req.temperature = 0;
+      absl::StatusOr<serving::CompletionResult> res = svc.Complete(std::move(req));
+      if (!res.ok()) {
+        errors[i] = res.status();
+      } else if (!res->status.ok()) {
+        errors[i] = res->status;
+      } else {
+        run.tokens[i] = res->choices[0].tokens;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  run.seconds = NowSeconds() - t0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (!errors[i].ok()) return errors[i];
+    run.completion_tokens += static_cast<int64_t>(run.tokens[i].size());
+  }
+  return run;
+}
+
+// The mixed-adapter batch through loradb and through transformers + peft (bench/peft_generate.py
+// says what it times and checks); `dir` holds the exported adapters and the batch's spec.
+absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::path& dir) {
+  const int64_t rows = o.peft_rows;
+  absl::StatusOr<std::shared_ptr<serving::CompletionService>> svc =
+      NewService(o, s, rows, (s.adapter_bytes + (1 << 20)) * rows + (64 << 20), 64 << 10, rows);
+  if (!svc.ok()) return svc.status();
+  const std::vector<std::string> models = Models(rows);
+  std::mt19937_64 rng(41);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t i = 0; i < rows; ++i)
+    prompts.push_back(RandomPrompt(rng, o.prompt, (*svc)->vocab_size()));
+  Progress(absl::StrCat("serve peft: loradb, ", rows, " rows on ", rows, " adapters"));
+  absl::StatusOr<BatchRun> warm = RunBatch(**svc, models, prompts, 2);
+  if (!warm.ok()) return warm.status();
+  std::vector<double> our_seconds;
+  absl::StatusOr<BatchRun> ours;
+  for (int64_t round = 0; round < o.peft_rounds; ++round) {
+    absl::StatusOr<BatchRun> run = RunBatch(**svc, models, prompts, o.tokens);
+    if (!run.ok()) return run.status();
+    if (ours.ok() && run->tokens != ours->tokens) {
+      return absl::InternalError("serve peft: loradb's greedy tokens differ between rounds");
+    }
+    our_seconds.push_back(run->seconds);
+    ours = *std::move(run);
+  }
+
+  nlohmann::json spec = {{"model_dir", s.model_dir},
+                         {"max_tokens", o.tokens},
+                         {"threads", o.threads},
+                         {"rounds", o.peft_rounds},
+                         {"adapters", nlohmann::json::array()},
+                         {"rows", nlohmann::json::array()}};
+  for (int64_t i = 0; i < rows; ++i) {
+    const std::string name = absl::StrCat("p", i);
+    const std::string adapter_dir = (dir / name).string();
+    absl::Status st = s.store->ExportPeftDir(s.revisions[static_cast<size_t>(i)], adapter_dir);
+    if (!st.ok()) return st;
+    spec["adapters"].push_back({{"name", name}, {"dir", adapter_dir}});
+    spec["rows"].push_back({{"adapter", name},
+                            {"prompt", prompts[static_cast<size_t>(i)]},
+                            {"tokens", ours->tokens[static_cast<size_t>(i)]}});
+  }
+  const std::string spec_path = (dir / "spec.json").string();
+  std::ofstream(spec_path) << spec.dump();
+  const std::string cmd =
+      absl::StrCat("python3 '", SourceDir(), "/bench/peft_generate.py' '", spec_path, "'");
+  Progress("serve peft: transformers + peft (python3 child)");
+  absl::StatusOr<JsonCommandResult> peer = RunJsonCommand(cmd);
+  if (!peer.ok()) return peer.status();
+  if (peer->exit_status == 77) {
+    Progress(
+        "serve peft: skipped, torch / transformers / peft are not installed (tools/dev setup "
+        "installs them)");
+    return absl::OkStatus();
+  }
+  if (peer->exit_status != 0 || !peer->last_object.contains("tokens_per_s")) {
+    return absl::InternalError(absl::StrCat(
+        "serve peft: ", cmd, " failed (exit status ", peer->exit_status,
+        "); transformers + peft did not reproduce loradb's batch, see its message above"));
+  }
+  const nlohmann::json& p = peer->last_object;
+  nlohmann::json common = {{"bench", "serve"},       {"rows", rows},
+                           {"adapters", rows},       {"prompt_tokens", o.prompt},
+                           {"max_tokens", o.tokens}, {"rank", o.rank},
+                           {"threads", o.threads},   {"rounds", o.peft_rounds}};
+  nlohmann::json a = common, b = common;
+  a["case"] = "peft_batch_loradb";
+  a["path"] = "in_process";
+  a["completion_tokens"] = ours->completion_tokens;
+  a["seconds"] = Quantile(our_seconds, 0.5);
+  a["round_seconds"] = our_seconds;
+  const double our_tps =
+      Ratio(static_cast<double>(ours->completion_tokens), a["seconds"].get<double>());
+  a["tokens_per_s"] = our_tps;
+  b["case"] = "peft_batch_transformers_peft";
+  b["path"] = "transformers_peft";
+  for (const char* key : {"completion_tokens", "seconds", "round_seconds", "tokens_per_s",
+                          "tokens_compared", "rows_compared_whole", "near_ties", "versions"}) {
+    b[key] = p.value(key, nlohmann::json());
+  }
+  Emit(a);
+  Emit(b);
+  const double ratio = Ratio(our_tps, p["tokens_per_s"].get<double>());
+  EmitGoal("serve", "vs_transformers_peft", ratio, ">= 5", ratio >= 5);
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
   Options o;
   absl::Status st = ParseArgs(args, &o);
   if (!st.ok()) return st;
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / absl::StrCat("loradb-bench-serve-", getpid());
-  std::filesystem::create_directories(dir);
+  const ScopedBenchDir scratch("loradb-bench-serve");
+  auto runs = [&o](const char* which) { return o.which == which || o.which == "all"; };
   const int64_t adapters =
-      std::max(o.which == "cliff" ? 0 : o.clients, o.which == "throughput" ? 0 : 4 * o.slots);
-  absl::StatusOr<Setup> setup = MakeSetup(o, dir.string(), adapters);
+      std::max({runs("throughput") ? o.clients : 0, runs("cliff") ? 4 * o.slots : 0,
+                runs("peft") ? o.peft_rows : 0});
+  absl::StatusOr<Setup> setup = MakeSetup(o, scratch.path().string(), adapters);
   absl::Status result = setup.status();
   if (result.ok()) {
     Emit({{"bench", "serve"},
@@ -479,20 +617,21 @@ absl::Status Run(const std::vector<std::string>& args) {
           {"adapter_tensors", setup->adapter_tensors},
           {"adapters", adapters}});
   }
-  if (result.ok() && (o.which == "throughput" || o.which == "all")) {
-    result = RunThroughput(o, *setup);
+  if (result.ok() && runs("throughput")) result = RunThroughput(o, *setup);
+  if (result.ok() && runs("cliff")) result = RunCliff(o, *setup);
+  if (result.ok() && runs("peft")) {
+    const std::filesystem::path peft_dir = scratch.path() / "peft";
+    std::filesystem::create_directories(peft_dir);
+    result = RunPeft(o, *setup, peft_dir);
   }
-  if (result.ok() && (o.which == "cliff" || o.which == "all")) result = RunCliff(o, *setup);
-  setup = absl::UnknownError("released");  // closes the store before its directory goes
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
   return result;
 }
 
 LORADB_REGISTER_SCENARIO({"serve",
                           "serving through CompletionService, in-process and through the HTTP "
                           "endpoint: distinct adapters vs base tokens/s and HTTP overhead "
-                          "(throughput) | TTFT at 1x/2x/4x adapters per device slot (cliff) | all",
+                          "(throughput) | TTFT at 1x/2x/4x adapters per device slot (cliff) | "
+                          "a mixed-adapter batch vs transformers + peft (peft) | all",
                           Run,
                           {"all", "--clients=64", "--cliff-clients=32", "--slots=8", "--requests=2",
                            "--tokens=16"}});

@@ -1,5 +1,6 @@
 #include "compute/serving/random_adapter.h"
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -17,8 +18,13 @@ absl::StatusOr<RevisionRecord> PublishRandomAdapter(Store& store, const std::str
   std::normal_distribution<float> normal(0.0f, spec.stddev);
   std::vector<std::vector<float>> data;
   std::vector<TensorView> views;
+  // The modules' last name components (q_proj, ...), so that an export names its targets and
+  // PEFT does not fall back to its per-architecture default targets.
+  std::vector<std::string> targets;
   for (const ModuleShape& m : b.modules) {
     if (m.name.find("_proj") == std::string::npos) continue;  // embeddings, router, head
+    const std::string leaf = m.name.substr(m.name.rfind('.') + 1);
+    if (std::find(targets.begin(), targets.end(), leaf) == targets.end()) targets.push_back(leaf);
     for (const peft::LoraSide side : {peft::LoraSide::kA, peft::LoraSide::kB}) {
       const std::vector<int64_t> shape = side == peft::LoraSide::kA
                                              ? std::vector<int64_t>{spec.rank, m.in}
@@ -39,6 +45,7 @@ absl::StatusOr<RevisionRecord> PublishRandomAdapter(Store& store, const std::str
   o.create_policy_base = base;
   o.lora.r = static_cast<int32_t>(spec.rank);
   o.lora.alpha = spec.alpha;
+  o.lora.target_modules = std::move(targets);
   return store.PublishTensors(policy, views, o);
 }
 

@@ -22,7 +22,9 @@ struct RandomAdapterSpec {
 
 // Publishes an f32 adapter with lora_A [rank, in] and lora_B [out, rank] on every projection
 // ("*_proj") module of `base`'s module table as a new revision of `policy` (created on `base`
-// when missing), moving `alias` to it when not empty. Errors: the store's (NotFound base, ...).
+// when missing), moving `alias` to it when not empty. Its LoRA settings name those modules
+// (q_proj, ...) as target_modules, so a PEFT export loads onto the base with every tensor. Errors:
+// the store's (NotFound base, ...).
 [[nodiscard]] absl::StatusOr<RevisionRecord> PublishRandomAdapter(Store& store,
                                                                   const std::string& base,
                                                                   const std::string& policy,
