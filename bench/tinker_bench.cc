@@ -69,8 +69,8 @@ struct Flags {
   int64_t warmup = 2;
   int64_t steps = 5;
   int64_t threads = 0;
-  int64_t repeats = 1;     // concurrent: (sequential, parallel) pairs
-  std::string loradb;      // concurrent: the `loradb` command (default: beside this build)
+  int64_t repeats = 1;           // concurrent: (sequential, parallel) pairs
+  std::string loradb;            // concurrent: the `loradb` command (default: beside this build)
   double loss_tolerance = 1e-4;  // peer: relative first-step loss difference allowed
 };
 
@@ -195,8 +195,9 @@ absl::StatusOr<InProcess> InProcessSteps(training::TrainingService* service, con
 }
 
 nlohmann::json Common(const Flags& f) {
-  return {{"bench", "tinker"}, {"config", f.config},  {"batch", f.batch},
-          {"tokens_per_sequence", f.length}, {"rank", f.rank}, {"steps", f.steps}};
+  return {{"bench", "tinker"}, {"config", f.config},
+          {"batch", f.batch},  {"tokens_per_sequence", f.length},
+          {"rank", f.rank},    {"steps", f.steps}};
 }
 
 // The SDK arm of `overhead`: the routes on an ephemeral loopback port of this process, a python3
@@ -215,10 +216,11 @@ absl::StatusOr<std::optional<std::vector<double>>> SdkSteps(std::shared_ptr<Stor
   LORADB_RETURN_IF_ERROR(tinker::AddTinkerRoutes(store, ro, server.get()));
   LORADB_RETURN_IF_ERROR(server->Bind());
   std::thread serving([&] { (void)server->Serve(); });
-  const std::string cmd = absl::StrCat(
-      "python3 '", SourceDir(), "/bench/tinker_driver.py' overhead http://127.0.0.1:",
-      server->port(), " --base ", f.config, " --rank ", f.rank, " --batch ", f.batch,
-      " --length ", f.length, " --warmup ", f.warmup, " --steps ", f.steps, " --vocab ", vocab);
+  const std::string cmd =
+      absl::StrCat("python3 '", SourceDir(),
+                   "/bench/tinker_driver.py' overhead http://127.0.0.1:", server->port(),
+                   " --base ", f.config, " --rank ", f.rank, " --batch ", f.batch, " --length ",
+                   f.length, " --warmup ", f.warmup, " --steps ", f.steps, " --vocab ", vocab);
   Progress("tinker: SDK over loopback (python3 child)");
   absl::StatusOr<std::optional<nlohmann::json>> out = RunJsonChild(cmd, "step_s");
   server->Shutdown();
@@ -236,9 +238,10 @@ absl::Status RunPeer(const Flags& f, const std::string& model_dir, int64_t vocab
   const std::string cmd = absl::StrCat(
       "python3 '", SourceDir(), "/bench/peft_peer_driver.py' '", model_dir, "' --rank ", f.rank,
       " --alpha ", kLoraAlpha, " --batch ", f.batch, " --length ", f.length, " --vocab ", vocab,
-      " --warmup ", f.warmup, " --steps ", f.steps, " --threads ", threads, " --lr ",
-      kLearningRate, " --beta1 ", kBeta1, " --beta2 ", kBeta2, " --eps ", kEps);
-  Progress(absl::StrCat("tinker: transformers + peft peer, ", threads, " thread(s) (python3 child)"));
+      " --warmup ", f.warmup, " --steps ", f.steps, " --threads ", threads, " --lr ", kLearningRate,
+      " --beta1 ", kBeta1, " --beta2 ", kBeta2, " --eps ", kEps);
+  Progress(
+      absl::StrCat("tinker: transformers + peft peer, ", threads, " thread(s) (python3 child)"));
   LORADB_ASSIGN_OR_RETURN(std::optional<nlohmann::json> out, RunJsonChild(cmd, "step_s"));
   if (!out) {
     Progress("tinker: peer skipped, torch/transformers/peft are not installed (tools/dev setup)");
@@ -293,17 +296,16 @@ class ServeProcess {
     std::string text;
     const double deadline = NowSeconds() + 300;
     while (NowSeconds() < deadline) {
-      const size_t nl = text.find('\n', text.find("listening on http://"));
-      if (text.find("listening on http://") != std::string::npos && nl != std::string::npos) {
-        const std::string line = text.substr(text.find("listening on http://"));
-        const size_t colon = line.rfind(':', line.find('\n'));
+      const size_t at = text.find("listening on http://");
+      const size_t nl = at == std::string::npos ? at : text.find('\n', at);
+      if (nl != std::string::npos) {
+        const std::string line = text.substr(at, nl - at);
         int port = 0;
-        if (colon != std::string::npos &&
-            absl::SimpleAtoi(line.substr(colon + 1, line.find('\n') - colon - 1), &port)) {
-          url_ = absl::StrCat("http://127.0.0.1:", port);
-          return absl::OkStatus();
+        if (!absl::SimpleAtoi(line.substr(line.rfind(':') + 1), &port)) {
+          return absl::InternalError("cannot read the port from: " + line);
         }
-        return absl::InternalError("cannot read the port from: " + line);
+        url_ = absl::StrCat("http://127.0.0.1:", port);
+        return absl::OkStatus();
       }
       struct pollfd p = {out_fd_, POLLIN, 0};
       if (::poll(&p, 1, 1000) <= 0) continue;
@@ -361,9 +363,17 @@ absl::StatusOr<std::optional<nlohmann::json>> ConcurrentArm(const Flags& f,
                                                             const std::string& schedule, int arm) {
   const std::string store_dir = absl::StrCat(scratch, "/serve-store-", arm);
   { LORADB_RETURN_IF_ERROR(Store::Open(store_dir).status()); }
-  std::vector<std::string> argv = {f.loradb,  "--store",         store_dir, "serve",
-                                   "--listen", "127.0.0.1:0",     "--model", model_dir,
-                                   "--train",  "--max-body-bytes", std::to_string(64 << 20)};
+  std::vector<std::string> argv = {f.loradb,
+                                   "--store",
+                                   store_dir,
+                                   "serve",
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--model",
+                                   model_dir,
+                                   "--train",
+                                   "--max-body-bytes",
+                                   std::to_string(64 << 20)};
   if (f.threads > 0) {
     argv.push_back("--threads");
     argv.push_back(std::to_string(f.threads));
@@ -372,11 +382,11 @@ absl::StatusOr<std::optional<nlohmann::json>> ConcurrentArm(const Flags& f,
   LORADB_RETURN_IF_ERROR(server.Start(argv));
   Progress(absl::StrCat("tinker: concurrent, ", kConcurrentClients, " SDK clients, ", schedule,
                         " (fresh server at ", server.url(), ")"));
-  const std::string cmd = absl::StrCat(
-      "python3 '", SourceDir(), "/bench/tinker_driver.py' clients ", server.url(), " --base ",
-      f.config, " --rank ", f.rank, " --batch ", f.batch, " --length ", f.length, " --warmup ",
-      f.warmup, " --steps ", f.steps, " --vocab ", vocab, " --clients ", kConcurrentClients,
-      " --schedule ", schedule);
+  const std::string cmd =
+      absl::StrCat("python3 '", SourceDir(), "/bench/tinker_driver.py' clients ", server.url(),
+                   " --base ", f.config, " --rank ", f.rank, " --batch ", f.batch, " --length ",
+                   f.length, " --warmup ", f.warmup, " --steps ", f.steps, " --vocab ", vocab,
+                   " --clients ", kConcurrentClients, " --schedule ", schedule);
   absl::StatusOr<std::optional<nlohmann::json>> out = RunJsonChild(cmd, "wall_s");
   const int64_t rss = server.PeakRssBytes();
   LORADB_RETURN_IF_ERROR(server.Stop());
@@ -388,8 +398,8 @@ absl::StatusOr<std::optional<nlohmann::json>> ConcurrentArm(const Flags& f,
   return out;
 }
 
-absl::Status RunConcurrent(const Flags& f, const std::string& scratch,
-                           const std::string& model_dir, int64_t vocab) {
+absl::Status RunConcurrent(const Flags& f, const std::string& scratch, const std::string& model_dir,
+                           int64_t vocab) {
   if (!fs::exists(f.loradb)) {
     return absl::NotFoundError(absl::StrCat("concurrent: no loradb command at '", f.loradb,
                                             "' (build loradb_cli, or pass --loradb PATH)"));
