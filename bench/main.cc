@@ -87,6 +87,9 @@ const std::map<std::string, std::vector<std::string>>& QuickArgs() {
       {"kernels", {"cpu", "--batches=1,16", "--min-seconds=0.05"}},
       {"replicate", {"--revisions", "1000", "--ops", "40"}},
       {"tiers", {"all", "--requests=20000", "--burst=4", "--moe=2"}},
+      {"tinker",
+       {"--config", "tiny-dense", "--batch", "8", "--length", "16", "--warmup", "1", "--steps",
+        "2"}},
       {"train", {"--layers", "1", "--steps", "2"}},
   };
   return *quick;
