@@ -155,6 +155,12 @@ absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes) {
 
 std::string EncodeRevision(const RevisionRecord& r) {
   FlatBufferBuilder b(384);
+  BuildRevision(b, r);
+  return Finish(b);
+}
+
+void BuildRevision(FlatBufferBuilder& b, const RevisionRecord& r) {
+  b.Clear();
   auto base = Str(b, r.base);
   auto origin = Str(b, r.source.origin);
   auto content_hash = Str(b, r.source.content_hash);
@@ -184,7 +190,6 @@ std::string EncodeRevision(const RevisionRecord& r) {
   b.Finish(fb::CreateRevision(b, 1, r.id, r.policy_id, r.seq, base, r.parent, source, lora, dtype,
                               static_cast<fb::Layout>(r.layout), blob, r.created_us,
                               static_cast<fb::RevisionState>(r.state), evals));
-  return Finish(b);
 }
 
 RevisionRecord RevisionFromTable(const fb::Revision& table) {

@@ -40,6 +40,10 @@ absl::StatusOr<const T*> VerifyTable(std::span<const uint8_t> b, const char* wha
   return root;
 }
 
+// Builds `r`'s record in `b` (cleared first): the bytes are b.GetBufferPointer() and
+// b.GetSize(), as EncodeRevision returns them, without a copy.
+void BuildRevision(flatbuffers::FlatBufferBuilder& b, const RevisionRecord& r);
+
 // Owning records from verified tables.
 RevisionRecord RevisionFromTable(const fb::Revision& t);
 PolicyRecord PolicyFromTable(const fb::Policy& t);
