@@ -112,7 +112,7 @@ absl::StatusOr<RevisionRecord> TxnGetRevision(MDB_txn* txn, const Catalog::Dbis&
   absl::Status st = Get(txn, d.revisions, k.val(), &v, "revision");
   if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no revision with id ", id));
   LORADB_RETURN_IF_ERROR(st);
-  return codec::DecodeRevision(ValBytes(v));
+  return codec::DecodeRevision(ValBytes(v), id);
 }
 
 absl::Status TxnPutRevision(MDB_txn* txn, const Catalog::Dbis& d, const RevisionRecord& r,
@@ -598,8 +598,8 @@ absl::Status Catalog::Init() {
 // ---- transactions
 
 CatalogReadSlot* Catalog::AcquireReadSlot(int* rc) const {
-  CatalogReadSlot* slot = nullptr;
-  {
+  CatalogReadSlot* slot = hot_slot_.exchange(nullptr, std::memory_order_acquire);
+  if (slot == nullptr) {
     MutexLock lock(&pool_mu_);
     if (idle_slots_.empty()) {
       slots_.push_back(std::make_unique<CatalogReadSlot>());
@@ -628,6 +628,8 @@ void Catalog::ReleaseReadSlot(CatalogReadSlot* slot) const {
   // Views made in this transaction die here, before its pages can be reused.
   slot->epoch.fetch_add(1, std::memory_order_release);
   mdb_txn_reset(slot->txn);
+  CatalogReadSlot* none = nullptr;
+  if (hot_slot_.compare_exchange_strong(none, slot, std::memory_order_release)) return;
   MutexLock lock(&pool_mu_);
   if (idle_slots_.size() >= 64) {
     mdb_txn_abort(slot->txn);  // the slot stays (stale views may still read its epoch)
@@ -643,6 +645,9 @@ absl::Status Catalog::GrowMap(uint64_t at_least) {
   {
     // Every slot is idle here (a transaction holds resize_mu_ shared while it is open).
     MutexLock pool_lock(&pool_mu_);
+    if (CatalogReadSlot* hot = hot_slot_.exchange(nullptr, std::memory_order_acquire)) {
+      idle_slots_.push_back(hot);
+    }
     for (CatalogReadSlot* slot : idle_slots_) {
       if (slot->txn != nullptr) mdb_txn_abort(slot->txn);
       slot->txn = nullptr;
@@ -971,7 +976,8 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListRevisions(uint64_t after_id, s
         page.next_after = page.items.back().id;
         return absl::OkStatus();
       }
-      LORADB_ASSIGN_OR_RETURN(RevisionView r, catalog_lmdb::ViewRevisionBytes(ValBytes(v), scope));
+      LORADB_ASSIGN_OR_RETURN(
+          RevisionView r, catalog_lmdb::ViewRevisionBytes(ValBytes(v), GetBE64(k.mv_data), scope));
       if (include_deleted || r.live()) page.items.push_back(r.ToRecord());
       rc = c.Get(&k, &v, MDB_NEXT);
     }
