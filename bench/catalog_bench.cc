@@ -4,7 +4,7 @@
 // (zero-copy views, owning records, and raw LMDB mdb_get side by side) and by (policy, alias),
 // full ordered scan, one policy's listing, open time, bytes per revision and where they go.
 // After the last N: the cost growth over the sizes run, one line per size and a table on stderr.
-// Disk: the catalog of the largest N (about 330 bytes per revision: 3.3 GB at 10^7) under
+// Disk: the catalog of the largest N (about 260 bytes per revision: 2.6 GB at 10^7) under
 // --dir (default: the system temp directory), removed after each size.
 #include <sys/stat.h>
 

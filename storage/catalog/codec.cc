@@ -304,22 +304,33 @@ RevisionRecord RevisionFromLayout2(const fb::RevisionV2& v, uint64_t id) {
 }  // namespace
 
 absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b) {
+  RevisionTables t;
+  // A v4 catalog holds layout 2 only (migration rewrites older records), so that is tried first:
+  // one verification. Layout 1 never stores version 2 (it leaves the field out), so a layout-1
+  // record cannot pass as layout 2 even where its bytes happen to verify as one.
+  {
+    flatbuffers::Verifier v(b.data(), b.size());
+    if (v.VerifyBuffer<fb::RevisionV2>(nullptr)) {
+      const fb::RevisionV2* root = flatbuffers::GetRoot<fb::RevisionV2>(b.data());
+      if (root->version() == kRevisionLayoutVersion) {
+        if (root->fixed() == nullptr) {
+          return absl::DataLossError(
+              "catalog: corrupt revision record (layout 2 without its fixed fields)");
+        }
+        t.v2 = root;
+        return t;
+      }
+    }
+  }
   auto head = VerifyTable<fb::RecordVersion>(b, "revision", kRevisionLayoutVersion);
   if (!head.ok()) return head.status();
-  RevisionTables t;
-  if ((*head)->version() < 2) {
-    auto v1 = VerifyTable<fb::Revision>(b, "revision", kRevisionLayoutVersion);
-    if (!v1.ok()) return v1.status();
-    t.v1 = *v1;
-    return t;
+  if ((*head)->version() >= 2) {
+    return absl::DataLossError(absl::StrCat("catalog: corrupt revision record (", b.size(),
+                                            " bytes fail FlatBuffers verification)"));
   }
-  auto v2 = VerifyTable<fb::RevisionV2>(b, "revision", kRevisionLayoutVersion);
-  if (!v2.ok()) return v2.status();
-  if ((*v2)->fixed() == nullptr) {
-    return absl::DataLossError(
-        "catalog: corrupt revision record (layout 2 without its fixed fields)");
-  }
-  t.v2 = *v2;
+  auto v1 = VerifyTable<fb::Revision>(b, "revision", kRevisionLayoutVersion);
+  if (!v1.ok()) return v1.status();
+  t.v1 = *v1;
   return t;
 }
 
