@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/catalog/codec.h"
+#include "storage/catalog/codec_tables.h"
 #include "storage/catalog/key_encoding.h"
 #include "storage/catalog/lmdb_txn.h"
 #include "storage/util/fault_injection.h"
@@ -111,7 +112,7 @@ absl::StatusOr<RevisionRecord> TxnGetRevision(MDB_txn* txn, const Catalog::Dbis&
   absl::Status st = Get(txn, d.revisions, k.val(), &v, "revision");
   if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no revision with id ", id));
   LORADB_RETURN_IF_ERROR(st);
-  return codec::DecodeRevision(ValBytes(v));
+  return codec::DecodeRevision(ValBytes(v), id);
 }
 
 absl::Status TxnPutRevision(MDB_txn* txn, const Catalog::Dbis& d, const RevisionRecord& r,
@@ -195,10 +196,10 @@ absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecor
   return Put(txn, d.alias_log, StrVal(log_key), StrVal(bytes), MDB_NOOVERWRITE, "put alias log");
 }
 
-// Takes one reference on the blob `ref`, creating its record when absent.
-absl::Status TxnRefBlob(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& ref,
-                        const std::string& relpath, BlobKind kind) {
-  if (ref.empty()) return absl::OkStatus();
+// The stored record of the blob `ref`, or a new one (refcount 0, named `relpath` or the default
+// path) when there is none. DataLoss when the record's size is not the reference's.
+absl::StatusOr<BlobRecord> TxnBlobOrNew(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& ref,
+                                        const std::string& relpath, BlobKind kind) {
   U128Key k(ref.hash.high, ref.hash.low);
   MDB_val v;
   BlobRecord b;
@@ -209,17 +210,31 @@ absl::Status TxnRefBlob(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& ref
       return absl::DataLossError(absl::StrCat("blob ", ref.hash.Hex(), " is recorded with ",
                                               b.bytes, " bytes but referenced with ", ref.bytes));
     }
-    ++b.refcount;
   } else if (absl::IsNotFound(st)) {
     b.relpath = relpath.empty() ? BlobRelPath(ref.hash) : relpath;
     b.bytes = ref.bytes;
-    b.refcount = 1;
+    b.refcount = 0;
     b.kind = kind;
   } else {
     return st;
   }
+  return b;
+}
+
+absl::Status TxnPutBlob(MDB_txn* txn, const Catalog::Dbis& d, const Hash128& hash,
+                        const BlobRecord& b) {
+  U128Key k(hash.high, hash.low);
   const std::string bytes = codec::EncodeBlob(b);
   return Put(txn, d.blobs, k.val(), StrVal(bytes), 0, "put blob");
+}
+
+// Takes one reference on the blob `ref`, creating its record when absent.
+absl::Status TxnRefBlob(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& ref,
+                        const std::string& relpath, BlobKind kind) {
+  if (ref.empty()) return absl::OkStatus();
+  LORADB_ASSIGN_OR_RETURN(BlobRecord b, TxnBlobOrNew(txn, d, ref, relpath, kind));
+  ++b.refcount;
+  return TxnPutBlob(txn, d, ref.hash, b);
 }
 
 absl::Status TxnUnrefBlob(MDB_txn* txn, const Catalog::Dbis& d, const BlobRef& ref) {
@@ -267,59 +282,130 @@ absl::StatusOr<PolicyRecord> TxnCreatePolicy(MDB_txn* txn, const Catalog::Dbis& 
   return p;
 }
 
-absl::StatusOr<RevisionRecord> TxnPublish(MDB_txn* txn, const Catalog::Dbis& d,
-                                          const NewRevision& nr, const std::string& relpath,
-                                          int64_t now) {
-  PolicyRecord policy;
+// The publishes of one write transaction. What every publish reads is read once per
+// transaction: the last revision id, each policy's record and next seq, each blob's record; the
+// blob records are written once, by Finish. Per revision that leaves the record and its two
+// index entries (and the alias move when asked). The record is built in one reused
+// FlatBufferBuilder and handed to LMDB from there.
+class TxnPublisher {
+ public:
+  TxnPublisher(MDB_txn* txn, const Catalog::Dbis& d, int64_t now) : txn_(txn), d_(d), now_(now) {}
+
+  // Publishes `nr` (errors as Catalog::Publish); its record goes to `*out` when non-null.
+  absl::StatusOr<uint64_t> Publish(const NewRevision& nr, const std::string& relpath,
+                                   RevisionRecord* out);
+  // Writes the blob records the publishes referenced; call before the commit.
+  absl::Status Finish();
+
+ private:
+  absl::StatusOr<PolicyRecord*> PolicyOf(const NewRevision& nr);
+  // One more reference on `ref` (its record read, or made, on the first one).
+  absl::Status RefBlob(const BlobRef& ref, const std::string& relpath);
+
+  MDB_txn* txn_;
+  const Catalog::Dbis& d_;
+  int64_t now_;
+  uint64_t last_id_ = 0;
+  bool have_last_id_ = false;
+  std::map<uint64_t, PolicyRecord> policies_;  // next_seq: the seq the next publish gets
+  std::map<std::pair<uint64_t, uint64_t>, BlobRecord> blobs_;  // by hash (high, low)
+  RevisionRecord r_;  // reused: its strings and vectors keep their capacity
+  flatbuffers::FlatBufferBuilder fbb_{512};
+};
+
+absl::StatusOr<PolicyRecord*> TxnPublisher::PolicyOf(const NewRevision& nr) {
   if (nr.policy_id == 0 && !nr.create_policy.empty()) {
     LORADB_ASSIGN_OR_RETURN(
-        policy, TxnCreatePolicy(txn, d, nr.create_policy, nr.create_policy_base, {}, now));
-  } else {
-    LORADB_ASSIGN_OR_RETURN(policy, TxnGetPolicyById(txn, d, nr.policy_id));
+        PolicyRecord p,
+        TxnCreatePolicy(txn_, d_, nr.create_policy, nr.create_policy_base, {}, now_));
+    const uint64_t id = p.id;
+    return &(policies_[id] = std::move(p));
   }
-  if (policy.archived) {
+  auto it = policies_.find(nr.policy_id);
+  if (it != policies_.end()) return &it->second;
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnGetPolicyById(txn_, d_, nr.policy_id));
+  return &(policies_[nr.policy_id] = std::move(p));
+}
+
+absl::Status TxnPublisher::RefBlob(const BlobRef& ref, const std::string& relpath) {
+  if (ref.empty()) return absl::OkStatus();
+  const std::pair<uint64_t, uint64_t> key(ref.hash.high, ref.hash.low);
+  auto it = blobs_.find(key);
+  if (it == blobs_.end()) {
+    LORADB_ASSIGN_OR_RETURN(BlobRecord b,
+                            TxnBlobOrNew(txn_, d_, ref, relpath, BlobKind::kAdapter));
+    b.hash = ref.hash;
+    it = blobs_.emplace(key, std::move(b)).first;
+  } else if (it->second.bytes != ref.bytes) {
+    return absl::DataLossError(absl::StrCat("blob ", ref.hash.Hex(), " is recorded with ",
+                                            it->second.bytes, " bytes but referenced with ",
+                                            ref.bytes));
+  }
+  ++it->second.refcount;
+  return absl::OkStatus();
+}
+
+absl::Status TxnPublisher::Finish() {
+  for (const auto& [key, b] : blobs_) LORADB_RETURN_IF_ERROR(TxnPutBlob(txn_, d_, b.hash, b));
+  blobs_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> TxnPublisher::Publish(const NewRevision& nr, const std::string& relpath,
+                                               RevisionRecord* out) {
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord * policy, PolicyOf(nr));
+  if (policy->archived) {
     return absl::FailedPreconditionError(
-        absl::StrCat("policy '", policy.name, "' is archived; it accepts no new revisions"));
+        absl::StrCat("policy '", policy->name, "' is archived; it accepts no new revisions"));
   }
   if (nr.parent != 0) {
     CatalogViewScope scope;
-    LORADB_RETURN_IF_ERROR(TxnRevisionView(txn, d, nr.parent, scope).status());
+    LORADB_RETURN_IF_ERROR(TxnRevisionView(txn_, d_, nr.parent, scope).status());
   }
-  LORADB_ASSIGN_OR_RETURN(uint64_t last_id, LastU64Key(txn, d.revisions));
-  RevisionRecord r;
-  r.id = last_id + 1;
-  r.policy_id = policy.id;
-  r.seq = policy.next_seq;
-  r.base = policy.base;
+  if (!have_last_id_) {
+    LORADB_ASSIGN_OR_RETURN(last_id_, LastU64Key(txn_, d_.revisions));
+    have_last_id_ = true;
+  }
+  RevisionRecord& r = r_;
+  r.id = last_id_ + 1;
+  r.policy_id = policy->id;
+  r.seq = policy->next_seq;
+  r.base = policy->base;
   r.parent = nr.parent;
   r.source = nr.source;
   r.lora = nr.lora;
   r.dtype = nr.dtype;
   r.layout = nr.layout;
   r.blob = nr.blob;
-  r.created_us = now;
+  r.created_us = now_;
   r.state = RevisionState::kLive;
   r.evals = nr.evals;
   // The policy record is not rewritten: the index entry below advances its next seq (v3).
-  LORADB_RETURN_IF_ERROR(TxnPutRevision(txn, d, r, MDB_APPEND));
+  codec::BuildRevision(fbb_, r);
+  U64Key rk(r.id);
+  LORADB_RETURN_IF_ERROR(Put(txn_, d_.revisions, rk.val(),
+                             MDB_val{fbb_.GetSize(), fbb_.GetBufferPointer()}, MDB_APPEND,
+                             "put revision"));
   // Both index entries sort after every existing duplicate of their key (the seq is past the
   // policy's highest, the id past every id): MDB_APPENDDUP fills the duplicate pages instead of
   // splitting them in half (LMDB fails with MDB_KEYEXIST if that ever stops holding).
-  U64Key pk(policy.id);
+  U64Key pk(policy->id);
   U128Key entry(r.seq, r.id);
-  LORADB_RETURN_IF_ERROR(Put(txn, d.policy_revisions, pk.val(), entry.val(), MDB_APPENDDUP,
+  LORADB_RETURN_IF_ERROR(Put(txn_, d_.policy_revisions, pk.val(), entry.val(), MDB_APPENDDUP,
                              "put policy revision index"));
-  LORADB_RETURN_IF_ERROR(TxnRefBlob(txn, d, r.blob, relpath, BlobKind::kAdapter));
+  LORADB_RETURN_IF_ERROR(RefBlob(r.blob, relpath));
   if (!r.blob.empty()) {
     U128Key bk(r.blob.hash.high, r.blob.hash.low);
-    U64Key rk(r.id);
-    LORADB_RETURN_IF_ERROR(Put(txn, d.revisions_by_blob, bk.val(), rk.val(), MDB_APPENDDUP,
+    LORADB_RETURN_IF_ERROR(Put(txn_, d_.revisions_by_blob, bk.val(), rk.val(), MDB_APPENDDUP,
                                "put revisions-by-blob index"));
   }
+  last_id_ = r.id;
+  ++policy->next_seq;
   if (!nr.alias.empty()) {
-    LORADB_RETURN_IF_ERROR(TxnSetAlias(txn, d, policy, nr.alias, r.id, nr.alias_reason, now));
+    LORADB_RETURN_IF_ERROR(TxnSetAlias(txn_, d_, *policy, nr.alias, r.id, nr.alias_reason, now_));
   }
-  return r;
+  if (out != nullptr) *out = r;
+  return r.id;
 }
 
 // Registry of open environments in this process, keyed by the canonical directory.
@@ -512,8 +598,8 @@ absl::Status Catalog::Init() {
 // ---- transactions
 
 CatalogReadSlot* Catalog::AcquireReadSlot(int* rc) const {
-  CatalogReadSlot* slot = nullptr;
-  {
+  CatalogReadSlot* slot = hot_slot_.exchange(nullptr, std::memory_order_acquire);
+  if (slot == nullptr) {
     MutexLock lock(&pool_mu_);
     if (idle_slots_.empty()) {
       slots_.push_back(std::make_unique<CatalogReadSlot>());
@@ -542,6 +628,8 @@ void Catalog::ReleaseReadSlot(CatalogReadSlot* slot) const {
   // Views made in this transaction die here, before its pages can be reused.
   slot->epoch.fetch_add(1, std::memory_order_release);
   mdb_txn_reset(slot->txn);
+  CatalogReadSlot* none = nullptr;
+  if (hot_slot_.compare_exchange_strong(none, slot, std::memory_order_release)) return;
   MutexLock lock(&pool_mu_);
   if (idle_slots_.size() >= 64) {
     mdb_txn_abort(slot->txn);  // the slot stays (stale views may still read its epoch)
@@ -557,6 +645,9 @@ absl::Status Catalog::GrowMap(uint64_t at_least) {
   {
     // Every slot is idle here (a transaction holds resize_mu_ shared while it is open).
     MutexLock pool_lock(&pool_mu_);
+    if (CatalogReadSlot* hot = hot_slot_.exchange(nullptr, std::memory_order_acquire)) {
+      idle_slots_.push_back(hot);
+    }
     for (CatalogReadSlot* slot : idle_slots_) {
       if (slot->txn != nullptr) mdb_txn_abort(slot->txn);
       slot->txn = nullptr;
@@ -774,8 +865,9 @@ absl::StatusOr<RevisionRecord> Catalog::Publish(const NewRevision& rev,
                                                 const std::string& blob_relpath) {
   RevisionRecord out;
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
-    LORADB_ASSIGN_OR_RETURN(out, TxnPublish(txn, *dbi_, rev, blob_relpath, Now()));
-    return absl::OkStatus();
+    TxnPublisher publisher(txn, *dbi_, Now());
+    LORADB_RETURN_IF_ERROR(publisher.Publish(rev, blob_relpath, &out).status());
+    return publisher.Finish();
   }));
   return out;
 }
@@ -788,16 +880,16 @@ absl::StatusOr<std::vector<uint64_t>> Catalog::PublishBatch(
   std::vector<uint64_t> ids;
   static const std::string kNoPath;
   LORADB_RETURN_IF_ERROR(Update([&](MDB_txn* txn) -> absl::Status {
-    const int64_t now = Now();
+    TxnPublisher publisher(txn, *dbi_, Now());
     ids.clear();
     ids.reserve(revs.size());
     for (size_t i = 0; i < revs.size(); ++i) {
       LORADB_ASSIGN_OR_RETURN(
-          RevisionRecord r,
-          TxnPublish(txn, *dbi_, revs[i], blob_relpaths.empty() ? kNoPath : blob_relpaths[i], now));
-      ids.push_back(r.id);
+          const uint64_t id,
+          publisher.Publish(revs[i], blob_relpaths.empty() ? kNoPath : blob_relpaths[i], nullptr));
+      ids.push_back(id);
     }
-    return absl::OkStatus();
+    return publisher.Finish();
   }));
   return ids;
 }
@@ -884,7 +976,8 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListRevisions(uint64_t after_id, s
         page.next_after = page.items.back().id;
         return absl::OkStatus();
       }
-      LORADB_ASSIGN_OR_RETURN(RevisionView r, catalog_lmdb::ViewRevisionBytes(ValBytes(v), scope));
+      LORADB_ASSIGN_OR_RETURN(
+          RevisionView r, catalog_lmdb::ViewRevisionBytes(ValBytes(v), GetBE64(k.mv_data), scope));
       if (include_deleted || r.live()) page.items.push_back(r.ToRecord());
       rc = c.Get(&k, &v, MDB_NEXT);
     }

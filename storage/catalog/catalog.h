@@ -5,6 +5,7 @@
 #ifndef LORADB_STORAGE_CATALOG_CATALOG_H_
 #define LORADB_STORAGE_CATALOG_CATALOG_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -162,12 +163,15 @@ class RevisionView {
 
  private:
   friend struct CatalogViewAccess;
-  RevisionView(const void* table, const CatalogReadSlot* slot, uint64_t epoch)
-      : table_(table), slot_(slot), epoch_(epoch) {}
+  RevisionView(const void* table, bool layout2, uint64_t id, const CatalogReadSlot* slot,
+               uint64_t epoch)
+      : table_(table), layout2_(layout2), id_(id), slot_(slot), epoch_(epoch) {}
   // The table; aborts with a message when the view is empty or its transaction has ended.
   const void* checked_table() const;
 
-  const void* table_ = nullptr;            // the verified fb::Revision
+  const void* table_ = nullptr;            // the verified fb::RevisionV2 or (layout 1) fb::Revision
+  bool layout2_ = false;
+  uint64_t id_ = 0;                        // the key (layout 2 does not store it)
   const CatalogReadSlot* slot_ = nullptr;  // null inside the catalog's own write transactions
   uint64_t epoch_ = 0;                     // the slot's epoch when the view was made
 };
@@ -393,6 +397,9 @@ class Catalog {
   // slot's epoch) and the idle ones.
   mutable std::vector<std::unique_ptr<CatalogReadSlot>> slots_ ABSL_GUARDED_BY(pool_mu_);
   mutable std::vector<CatalogReadSlot*> idle_slots_ ABSL_GUARDED_BY(pool_mu_);
+  // One idle slot kept outside the pool: a read that finds it takes it, and gives it back, with
+  // one atomic exchange each instead of a lock round trip (the single-reader common case).
+  mutable std::atomic<CatalogReadSlot*> hot_slot_{nullptr};
 };
 
 }  // namespace loradb

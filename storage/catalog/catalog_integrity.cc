@@ -87,7 +87,8 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
       for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
         ++out.revisions;
         CatalogViewScope scope;
-        auto r = catalog_lmdb::ViewRevisionBytes(ValBytes(v), scope);
+        const uint64_t key_id = k.mv_size == 8 ? GetBE64(k.mv_data) : 0;
+        auto r = catalog_lmdb::ViewRevisionBytes(ValBytes(v), key_id, scope);
         if (!r.ok()) {
           problem(std::string(r.status().message()));
           continue;

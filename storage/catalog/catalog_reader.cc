@@ -39,12 +39,12 @@ std::string AliasKey(uint64_t policy_id, absl::string_view alias) {
   return k;
 }
 
-absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes,
+absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes, uint64_t key_id,
                                                CatalogViewScope& scope) {
-  LORADB_ASSIGN_OR_RETURN(const codec::fb::Revision* table,
-                          codec::VerifyTable<codec::fb::Revision>(scope.copies.Align(bytes),
-                                                                  "revision"));
-  return CatalogViewAccess::MakeRevision(table, scope);
+  LORADB_ASSIGN_OR_RETURN(const codec::RevisionTables t,
+                          codec::VerifyRevision(scope.copies.Align(bytes)));
+  if (t.v2 != nullptr) return CatalogViewAccess::MakeRevision(t.v2, true, key_id, scope);
+  return CatalogViewAccess::MakeRevision(t.v1, false, t.v1->id(), scope);
 }
 
 absl::StatusOr<RevisionView> TxnRevisionView(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
@@ -54,7 +54,7 @@ absl::StatusOr<RevisionView> TxnRevisionView(MDB_txn* txn, const Catalog::Dbis& 
   absl::Status st = Get(txn, d.revisions, k.val(), &v, "revision");
   if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no revision with id ", id));
   LORADB_RETURN_IF_ERROR(st);
-  return ViewRevisionBytes(ValBytes(v), scope);
+  return ViewRevisionBytes(ValBytes(v), id, scope);
 }
 
 absl::StatusOr<RevisionView> TxnRevisionViewBySeq(MDB_txn* txn, const Catalog::Dbis& d,

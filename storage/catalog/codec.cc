@@ -42,15 +42,40 @@ struct VerifiedRoot {
   const T* operator->() const { return root; }
 };
 
+// A revision's rank/alpha patterns and eval scores (absent when empty), in either layout.
+Offset<flatbuffers::Vector<Offset<fb::ModuleLora>>> ModuleLoras(
+    FlatBufferBuilder& b, const std::vector<ModuleLora>& modules) {
+  if (modules.empty()) return {};
+  std::vector<Offset<fb::ModuleLora>> v;
+  for (const auto& m : modules) {
+    v.push_back(fb::CreateModuleLoraDirect(b, m.pattern.c_str(), m.r, m.alpha, m.has_alpha));
+  }
+  return b.CreateVector(v);
+}
+
+Offset<flatbuffers::Vector<Offset<fb::EvalScore>>> EvalScores(
+    FlatBufferBuilder& b, const std::map<std::string, float>& evals) {
+  if (evals.empty()) return {};
+  std::vector<Offset<fb::EvalScore>> v;
+  for (const auto& [name, value] : evals) {
+    v.push_back(fb::CreateEvalScoreDirect(b, name.c_str(), value));
+  }
+  return b.CreateVector(v);
+}
+
+// `b` itself when it is 8-byte aligned, else a copy in `*copy` (which must outlive the result).
+Bytes AlignedBytes(Bytes b, std::unique_ptr<uint64_t[]>* copy) {
+  if (reinterpret_cast<uintptr_t>(b.data()) % alignof(uint64_t) == 0) return b;
+  *copy = std::make_unique<uint64_t[]>((b.size() + 7) / 8);
+  std::memcpy(copy->get(), b.data(), b.size());
+  return Bytes(reinterpret_cast<const uint8_t*>(copy->get()), b.size());
+}
+
 // Verifies `b` as a T (through an aligned copy when `b` is not 8-byte aligned).
 template <typename T>
 absl::StatusOr<VerifiedRoot<T>> Root(Bytes b, const char* what) {
   VerifiedRoot<T> out;
-  if (reinterpret_cast<uintptr_t>(b.data()) % alignof(uint64_t) != 0) {
-    out.aligned_copy = std::make_unique<uint64_t[]>((b.size() + 7) / 8);
-    std::memcpy(out.aligned_copy.get(), b.data(), b.size());
-    b = Bytes(reinterpret_cast<const uint8_t*>(out.aligned_copy.get()), b.size());
-  }
+  b = AlignedBytes(b, &out.aligned_copy);
   auto root = VerifyTable<T>(b, what);
   if (!root.ok()) return root.status();
   out.root = *root;
@@ -154,40 +179,53 @@ absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes) {
 }
 
 std::string EncodeRevision(const RevisionRecord& r) {
+  FlatBufferBuilder b(256);
+  BuildRevision(b, r);
+  return Finish(b);
+}
+
+void BuildRevision(FlatBufferBuilder& b, const RevisionRecord& r) {
+  b.Clear();
+  auto base = Str(b, r.base);
+  auto dtype = Str(b, r.dtype);
+  Offset<flatbuffers::Vector<Offset<flatbuffers::String>>> targets;
+  if (!r.lora.target_modules.empty()) targets = b.CreateVectorOfStrings(r.lora.target_modules);
+  auto mods = ModuleLoras(b, r.lora.modules);
+  auto origin = Str(b, r.source.origin);
+  auto content_hash = Str(b, r.source.content_hash);
+  auto evals = EvalScores(b, r.evals);
+  const fb::RevisionFixed fixed(
+      r.policy_id, r.seq, r.parent, r.created_us, r.source.checkpoint_id, r.source.step,
+      r.blob.bytes, fb::Hash128(r.blob.hash.high, r.blob.hash.low), r.blob.tensors, r.lora.r,
+      r.lora.alpha, static_cast<fb::SourceKind>(r.source.kind), static_cast<fb::Layout>(r.layout),
+      static_cast<fb::RevisionState>(r.state), r.lora.use_rslora);
+  b.Finish(fb::CreateRevisionV2(b, kRevisionLayoutVersion, &fixed, base, dtype, targets, mods,
+                                origin, content_hash, evals));
+}
+
+std::string EncodeRevisionLayout1(const RevisionRecord& r) {
   FlatBufferBuilder b(384);
   auto base = Str(b, r.base);
   auto origin = Str(b, r.source.origin);
   auto content_hash = Str(b, r.source.content_hash);
   auto source = fb::CreateSource(b, static_cast<fb::SourceKind>(r.source.kind),
                                  r.source.checkpoint_id, r.source.step, origin, content_hash);
-  Offset<flatbuffers::Vector<Offset<fb::ModuleLora>>> mods;
-  if (!r.lora.modules.empty()) {
-    std::vector<Offset<fb::ModuleLora>> v;
-    for (const auto& m : r.lora.modules) {
-      v.push_back(fb::CreateModuleLoraDirect(b, m.pattern.c_str(), m.r, m.alpha, m.has_alpha));
-    }
-    mods = b.CreateVector(v);
-  }
+  auto mods = ModuleLoras(b, r.lora.modules);
   Offset<flatbuffers::Vector<Offset<flatbuffers::String>>> targets;
   if (!r.lora.target_modules.empty()) targets = b.CreateVectorOfStrings(r.lora.target_modules);
   auto lora = fb::CreateLoraConfig(b, r.lora.r, r.lora.alpha, r.lora.use_rslora, mods, targets);
   auto dtype = Str(b, r.dtype);
   auto blob = EncodeBlobRef(b, r.blob);
-  Offset<flatbuffers::Vector<Offset<fb::EvalScore>>> evals;
-  if (!r.evals.empty()) {
-    std::vector<Offset<fb::EvalScore>> v;
-    for (const auto& [name, value] : r.evals) {
-      v.push_back(fb::CreateEvalScoreDirect(b, name.c_str(), value));
-    }
-    evals = b.CreateVector(v);
-  }
+  auto evals = EvalScores(b, r.evals);
   b.Finish(fb::CreateRevision(b, 1, r.id, r.policy_id, r.seq, base, r.parent, source, lora, dtype,
                               static_cast<fb::Layout>(r.layout), blob, r.created_us,
                               static_cast<fb::RevisionState>(r.state), evals));
   return Finish(b);
 }
 
-RevisionRecord RevisionFromTable(const fb::Revision& table) {
+namespace {
+
+RevisionRecord RevisionFromLayout1(const fb::Revision& table) {
   const fb::Revision* v = &table;
   RevisionRecord r;
   r.id = v->id();
@@ -226,16 +264,92 @@ RevisionRecord RevisionFromTable(const fb::Revision& table) {
   return r;
 }
 
-absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes) {
-  auto root = Root<fb::Revision>(bytes, "revision");
-  if (!root.ok()) return root.status();
-  return RevisionFromTable(*root->root);
+RevisionRecord RevisionFromLayout2(const fb::RevisionV2& v, uint64_t id) {
+  const fb::RevisionFixed& f = *v.fixed();
+  RevisionRecord r;
+  r.id = id;
+  r.policy_id = f.policy_id();
+  r.seq = f.seq();
+  r.base = Str(v.base());
+  r.parent = f.parent();
+  r.source.kind = static_cast<SourceKind>(f.source_kind());
+  r.source.checkpoint_id = f.checkpoint_id();
+  r.source.step = f.step();
+  r.source.origin = Str(v.origin());
+  r.source.content_hash = Str(v.content_hash());
+  r.lora.r = f.lora_r();
+  r.lora.alpha = f.lora_alpha();
+  r.lora.use_rslora = f.use_rslora();
+  if (v.modules() != nullptr) {
+    for (const auto* m : *v.modules()) {
+      r.lora.modules.push_back({Str(m->pattern()), m->r(), m->alpha(), m->has_alpha()});
+    }
+  }
+  if (v.target_modules() != nullptr) {
+    for (const auto* t : *v.target_modules()) r.lora.target_modules.push_back(t->str());
+  }
+  r.dtype = Str(v.dtype());
+  r.layout = static_cast<Layout>(f.layout());
+  r.blob.hash = Hash128{f.blob_hash().high(), f.blob_hash().low()};
+  r.blob.bytes = f.blob_bytes();
+  r.blob.tensors = f.blob_tensors();
+  r.created_us = f.created_us();
+  r.state = static_cast<RevisionState>(f.state());
+  if (v.evals() != nullptr) {
+    for (const auto* e : *v.evals()) r.evals[Str(e->name())] = e->value();
+  }
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b) {
+  RevisionTables t;
+  // A v4 catalog holds layout 2 only (migration rewrites older records), so that is tried first:
+  // one verification. Layout 1 never stores version 2 (it leaves the field out), so a layout-1
+  // record cannot pass as layout 2 even where its bytes happen to verify as one.
+  {
+    flatbuffers::Verifier v(b.data(), b.size());
+    if (v.VerifyBuffer<fb::RevisionV2>(nullptr)) {
+      const fb::RevisionV2* root = flatbuffers::GetRoot<fb::RevisionV2>(b.data());
+      if (root->version() == kRevisionLayoutVersion) {
+        if (root->fixed() == nullptr) {
+          return absl::DataLossError(
+              "catalog: corrupt revision record (layout 2 without its fixed fields)");
+        }
+        t.v2 = root;
+        return t;
+      }
+    }
+  }
+  auto head = VerifyTable<fb::RecordVersion>(b, "revision", kRevisionLayoutVersion);
+  if (!head.ok()) return head.status();
+  if ((*head)->version() >= 2) {
+    return absl::DataLossError(absl::StrCat("catalog: corrupt revision record (", b.size(),
+                                            " bytes fail FlatBuffers verification)"));
+  }
+  auto v1 = VerifyTable<fb::Revision>(b, "revision", kRevisionLayoutVersion);
+  if (!v1.ok()) return v1.status();
+  t.v1 = *v1;
+  return t;
+}
+
+RevisionRecord RevisionFromTables(const RevisionTables& t, uint64_t id) {
+  return t.v2 != nullptr ? RevisionFromLayout2(*t.v2, id) : RevisionFromLayout1(*t.v1);
+}
+
+absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes, uint64_t key_id) {
+  std::unique_ptr<uint64_t[]> aligned;
+  auto t = VerifyRevision(AlignedBytes(bytes, &aligned));
+  if (!t.ok()) return t.status();
+  return RevisionFromTables(*t, key_id);
 }
 
 absl::StatusOr<RevisionState> DecodeRevisionState(Bytes bytes) {
-  auto root = Root<fb::Revision>(bytes, "revision");
-  if (!root.ok()) return root.status();
-  return static_cast<RevisionState>((*root)->state());
+  std::unique_ptr<uint64_t[]> aligned;
+  auto t = VerifyRevision(AlignedBytes(bytes, &aligned));
+  if (!t.ok()) return t.status();
+  return static_cast<RevisionState>(t->v2 != nullptr ? t->v2->fixed()->state() : t->v1->state());
 }
 
 std::string EncodeAliasLogEntry(const AliasLogEntry& r) {

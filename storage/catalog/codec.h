@@ -14,7 +14,11 @@ namespace loradb::catalog_codec {
 
 std::string EncodeBase(const BaseRecord& r);
 std::string EncodePolicy(const PolicyRecord& r);
+// Revision records in the layout this build writes (2): `r.id` is the key and is not stored.
 std::string EncodeRevision(const RevisionRecord& r);
+// The same record in layout 1 (id stored), as schema v1-v3 stores hold it (for the writers of
+// old-version stores that migration tests start from).
+std::string EncodeRevisionLayout1(const RevisionRecord& r);
 std::string EncodeAliasLogEntry(const AliasLogEntry& r);
 std::string EncodeCheckpoint(const CheckpointRecord& r);
 std::string EncodeBlob(const BlobRecord& r);
@@ -22,7 +26,8 @@ std::string EncodeBlob(const BlobRecord& r);
 using Bytes = std::span<const uint8_t>;
 [[nodiscard]] absl::StatusOr<BaseRecord> DecodeBase(Bytes b);
 [[nodiscard]] absl::StatusOr<PolicyRecord> DecodePolicy(Bytes b);
-[[nodiscard]] absl::StatusOr<RevisionRecord> DecodeRevision(Bytes b);
+// Either layout; `key_id` is the record's key (the id of a layout-2 record).
+[[nodiscard]] absl::StatusOr<RevisionRecord> DecodeRevision(Bytes b, uint64_t key_id);
 // The state field only (for scans that skip deleted revisions without decoding).
 [[nodiscard]] absl::StatusOr<RevisionState> DecodeRevisionState(Bytes b);
 // `alias` is not stored in the value (it is part of the key); the result leaves it empty.

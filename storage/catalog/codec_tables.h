@@ -18,30 +18,48 @@ namespace loradb::catalog_codec {
 
 namespace fb = ::loradb::catalog::fb;
 
-// The newest record layout version this build reads.
+// The newest record layout version this build reads (revision records: below).
 inline constexpr uint16_t kRecordLayoutVersion = 1;
+// The revision record layout this build writes and the newest it reads: 2 (RevisionV2, catalog
+// schema v4). Layout 1 (Revision) is still read, from stores not yet migrated.
+inline constexpr uint16_t kRevisionLayoutVersion = 2;
 
-// Verifies `b` as a T in place and checks its layout version. `b.data()` must be 8-byte aligned
-// (FlatBuffers reads scalars where they lie; a misaligned load is undefined behaviour).
-// DataLoss for bytes that fail verification; FailedPrecondition for a newer layout version.
+// Verifies `b` as a T in place and checks its layout version against `newest`. `b.data()` must
+// be 8-byte aligned (FlatBuffers reads scalars where they lie; a misaligned load is undefined
+// behaviour). DataLoss for bytes that fail verification; FailedPrecondition for a newer layout.
 template <typename T>
-absl::StatusOr<const T*> VerifyTable(std::span<const uint8_t> b, const char* what) {
+absl::StatusOr<const T*> VerifyTable(std::span<const uint8_t> b, const char* what,
+                                     uint16_t newest = kRecordLayoutVersion) {
   flatbuffers::Verifier v(b.data(), b.size());
   if (!v.VerifyBuffer<T>(nullptr)) {
     return absl::DataLossError(absl::StrCat("catalog: corrupt ", what, " record (", b.size(),
                                             " bytes fail FlatBuffers verification)"));
   }
   const T* root = flatbuffers::GetRoot<T>(b.data());
-  if (root->version() > kRecordLayoutVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "catalog: ", what, " record has layout version ", root->version(),
-        ", newer than this build understands (", kRecordLayoutVersion, "); upgrade loradb"));
+  if (root->version() > newest) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("catalog: ", what, " record has layout version ", root->version(),
+                     ", newer than this build understands (", newest, "); upgrade loradb"));
   }
   return root;
 }
 
-// Owning records from verified tables.
-RevisionRecord RevisionFromTable(const fb::Revision& t);
+// Builds `r`'s record (layout 2; `r.id` is the key, not stored) in `b`, cleared first: the
+// bytes are b.GetBufferPointer() and b.GetSize(), as EncodeRevision returns them, without a copy.
+void BuildRevision(flatbuffers::FlatBufferBuilder& b, const RevisionRecord& r);
+
+// A verified revision record: exactly one of `v1` (layout 1) and `v2` (layout 2) is set.
+struct RevisionTables {
+  const fb::Revision* v1 = nullptr;
+  const fb::RevisionV2* v2 = nullptr;
+};
+// Verifies `b` (8-byte aligned) as a revision record of either layout. Errors as VerifyTable;
+// DataLoss also for a layout-2 record without its fixed fields.
+absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b);
+
+// Owning records from verified tables. `id` is the revision's key (layout 2 does not store it;
+// layout 1 records carry their own).
+RevisionRecord RevisionFromTables(const RevisionTables& t, uint64_t id);
 PolicyRecord PolicyFromTable(const fb::Policy& t);
 BlobRef BlobRefFromTable(const fb::BlobRef* r);
 

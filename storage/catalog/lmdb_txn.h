@@ -76,8 +76,9 @@ struct CatalogReader::State {
 
 // Builds views and readers (their constructors are private) and reads a view's table.
 struct CatalogViewAccess {
-  static RevisionView MakeRevision(const void* table, const CatalogViewScope& s) {
-    return RevisionView(table, s.slot, s.epoch);
+  static RevisionView MakeRevision(const void* table, bool layout2, uint64_t id,
+                                   const CatalogViewScope& s) {
+    return RevisionView(table, layout2, id, s.slot, s.epoch);
   }
   static PolicyView MakePolicy(const void* table, const CatalogViewScope& s) {
     return PolicyView(table, s.slot, s.epoch);
@@ -166,8 +167,8 @@ absl::Status ResolveNextSeq(MDB_txn* txn, const Catalog::Dbis& d, PolicyRecord* 
 
 // ---- view lookups inside a transaction (catalog_reader.cc); errors as CatalogReader's.
 
-// Verifies `bytes` (a revisions value) and views it in `scope`.
-absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes,
+// Verifies `bytes` (the revisions value under key `key_id`) and views it in `scope`.
+absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes, uint64_t key_id,
                                                CatalogViewScope& scope);
 absl::StatusOr<RevisionView> TxnRevisionView(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
                                              CatalogViewScope& scope);

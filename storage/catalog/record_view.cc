@@ -39,47 +39,83 @@ const void* RevisionView::checked_table() const {
 }
 
 namespace {
-const fb::Revision* Rev(const void* table) { return static_cast<const fb::Revision*>(table); }
+const fb::Revision* V1(const void* table) { return static_cast<const fb::Revision*>(table); }
+const fb::RevisionV2* V2(const void* table) { return static_cast<const fb::RevisionV2*>(table); }
 const fb::Policy* Pol(const void* table) { return static_cast<const fb::Policy*>(table); }
 }  // namespace
 
-uint64_t RevisionView::id() const { return Rev(checked_table())->id(); }
-uint64_t RevisionView::policy_id() const { return Rev(checked_table())->policy_id(); }
-uint64_t RevisionView::seq() const { return Rev(checked_table())->seq(); }
-absl::string_view RevisionView::base() const { return StrView(Rev(checked_table())->base()); }
-uint64_t RevisionView::parent() const { return Rev(checked_table())->parent(); }
+// Layout 2 keeps the scalars in its fixed struct (present: checked at verification); layout 1
+// keeps them as table fields and subtables.
+#define LORADB_REVISION_FIELD(v2_expr, v1_expr)   \
+  const void* t = checked_table();                \
+  if (layout2_) {                                 \
+    const fb::RevisionFixed& f = *V2(t)->fixed(); \
+    return v2_expr;                               \
+  }                                               \
+  const fb::Revision* r = V1(t);                  \
+  return v1_expr
+
+uint64_t RevisionView::id() const {
+  checked_table();
+  return id_;
+}
+uint64_t RevisionView::policy_id() const { LORADB_REVISION_FIELD(f.policy_id(), r->policy_id()); }
+uint64_t RevisionView::seq() const { LORADB_REVISION_FIELD(f.seq(), r->seq()); }
+absl::string_view RevisionView::base() const {
+  const void* t = checked_table();
+  return StrView(layout2_ ? V2(t)->base() : V1(t)->base());
+}
+uint64_t RevisionView::parent() const { LORADB_REVISION_FIELD(f.parent(), r->parent()); }
 
 SourceKind RevisionView::source_kind() const {
-  const fb::Source* s = Rev(checked_table())->source();
-  return s == nullptr ? SourceKind::kImported : static_cast<SourceKind>(s->kind());
+  LORADB_REVISION_FIELD(static_cast<SourceKind>(f.source_kind()),
+                        r->source() == nullptr ? SourceKind::kImported
+                                               : static_cast<SourceKind>(r->source()->kind()));
 }
 
 uint64_t RevisionView::source_checkpoint_id() const {
-  const fb::Source* s = Rev(checked_table())->source();
-  return s == nullptr ? 0 : s->checkpoint_id();
+  LORADB_REVISION_FIELD(f.checkpoint_id(),
+                        r->source() == nullptr ? 0 : r->source()->checkpoint_id());
 }
 
 int32_t RevisionView::lora_r() const {
-  const fb::LoraConfig* l = Rev(checked_table())->lora();
-  return l == nullptr ? 0 : l->r();
+  LORADB_REVISION_FIELD(f.lora_r(), r->lora() == nullptr ? 0 : r->lora()->r());
 }
 
 float RevisionView::lora_alpha() const {
-  const fb::LoraConfig* l = Rev(checked_table())->lora();
-  return l == nullptr ? 0.0f : l->alpha();
+  LORADB_REVISION_FIELD(f.lora_alpha(), r->lora() == nullptr ? 0.0f : r->lora()->alpha());
 }
 
-absl::string_view RevisionView::dtype() const { return StrView(Rev(checked_table())->dtype()); }
-Layout RevisionView::layout() const { return static_cast<Layout>(Rev(checked_table())->layout()); }
-BlobRef RevisionView::blob() const { return catalog_codec::BlobRefFromTable(Rev(checked_table())->blob()); }
-int64_t RevisionView::created_us() const { return Rev(checked_table())->created_us(); }
+absl::string_view RevisionView::dtype() const {
+  const void* t = checked_table();
+  return StrView(layout2_ ? V2(t)->dtype() : V1(t)->dtype());
+}
+Layout RevisionView::layout() const {
+  LORADB_REVISION_FIELD(static_cast<Layout>(f.layout()), static_cast<Layout>(r->layout()));
+}
+BlobRef RevisionView::blob() const {
+  LORADB_REVISION_FIELD((BlobRef{Hash128{f.blob_hash().high(), f.blob_hash().low()}, f.blob_bytes(),
+                                 f.blob_tensors()}),
+                        catalog_codec::BlobRefFromTable(r->blob()));
+}
+int64_t RevisionView::created_us() const { LORADB_REVISION_FIELD(f.created_us(), r->created_us()); }
 
 RevisionState RevisionView::state() const {
-  return static_cast<RevisionState>(Rev(checked_table())->state());
+  LORADB_REVISION_FIELD(static_cast<RevisionState>(f.state()),
+                        static_cast<RevisionState>(r->state()));
 }
 
+#undef LORADB_REVISION_FIELD
+
 RevisionRecord RevisionView::ToRecord() const {
-  return catalog_codec::RevisionFromTable(*Rev(checked_table()));
+  const void* t = checked_table();
+  catalog_codec::RevisionTables tables;
+  if (layout2_) {
+    tables.v2 = V2(t);
+  } else {
+    tables.v1 = V1(t);
+  }
+  return catalog_codec::RevisionFromTables(tables, id_);
 }
 
 // ---- PolicyView

@@ -497,6 +497,11 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
                                        " policy records: next_seq becomes a lower bound (publishes "
                                        "no longer rewrite the policy record)"));
   }
+  if (rep.from_version < 4) {
+    rep.changes.push_back(absl::StrCat(plan.revisions_kept,
+                                       " revision records: layout 2 (fixed fields in one struct, "
+                                       "the id left to the key)"));
+  }
   LORADB_RETURN_IF_ERROR(
       FinishGeneration(p, plan, options.dry_run, options.drop_previous, t0, &rep));
   return rep;

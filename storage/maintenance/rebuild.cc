@@ -306,7 +306,8 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     MDB_val k, v;
     int rc;
     for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-      LORADB_ASSIGN_OR_RETURN(RevisionRecord r, codec::DecodeRevision(Bytes(v)));
+      LORADB_ASSIGN_OR_RETURN(RevisionRecord r,
+                              codec::DecodeRevision(Bytes(v), GetBE64(k.mv_data)));
       RevInfo ri;
       ri.id = GetBE64(k.mv_data);
       ri.policy_id = r.policy_id;
@@ -519,6 +520,9 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan policy_by_id");
   }
   {
+    // Schema v4 stores revision records in layout 2: a migration from an older store rewrites
+    // every one (the others are copied as they are).
+    const bool relayout = out.source_version < 4 && spec.target_version >= 4;
     Cursor c(rtxn.get(), sdbi[kRevisions]);
     LORADB_RETURN_IF_ERROR(c.status());
     MDB_val k, v;
@@ -529,13 +533,14 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
         return absl::AbortedError("catalog changed during the rebuild");
       }
       auto rw = spec.rewrites.find(revs[i].id);
-      if (revs[i].keep && rw != spec.rewrites.end()) {
-        LORADB_ASSIGN_OR_RETURN(RevisionRecord r, codec::DecodeRevision(Bytes(v)));
-        if (r.state == RevisionState::kLive) {
+      if (revs[i].keep && (rw != spec.rewrites.end() || relayout)) {
+        LORADB_ASSIGN_OR_RETURN(RevisionRecord r, codec::DecodeRevision(Bytes(v), revs[i].id));
+        if (rw != spec.rewrites.end() && r.state == RevisionState::kLive) {
           r.blob = rw->second.blob;
           r.layout = rw->second.layout;
         }
-        const std::string bytes = codec::EncodeRevision(r);
+        const std::string bytes =
+            spec.target_version >= 4 ? codec::EncodeRevision(r) : codec::EncodeRevisionLayout1(r);
         LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, Val(bytes)));
       } else if (revs[i].keep) {
         LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, v));
@@ -620,7 +625,7 @@ absl::Status WriteV1Catalog(const std::string& store_dir, const V1Catalog& cat, 
   std::vector<std::array<uint64_t, 3>> pr;
   auto add_revision = [&](const RevisionRecord& r) -> absl::Status {
     pr.push_back({r.policy_id, r.seq, r.id});
-    return app.Append(kRevisions, Val(BE64(r.id)), Val(codec::EncodeRevision(r)));
+    return app.Append(kRevisions, Val(BE64(r.id)), Val(codec::EncodeRevisionLayout1(r)));
   };
   if (cat.generate_revision) {
     for (uint64_t id = 1; id <= cat.generated_revisions; ++id) {

@@ -106,6 +106,18 @@ def check_fixture(tmp):
     check(machine["cpu_model"] in text, "CPU model shown")
     check(machine["git_commit"] in text, "commit shown")
     check_goal_rows(text, goals, "fixture")
+    # Catalog cost growth: one row per size run, its bytes per revision and its ratio to the
+    # smallest size's.
+    growth = text[text.find("\n## Catalog cost growth\n"):]
+    growth = growth[:growth.find("\n## ", 1)]
+    sizes = [l for l in lines if l.get("bench") == "catalog" and l.get("case") == "size"]
+    check(len(sizes) >= 2, "fixture has catalog sizes to compare")
+    for l in sizes:
+        bpr = l["bytes_per_revision"]
+        ratio = bench_report.num(bpr / sizes[0]["bytes_per_revision"])
+        row = [r for r in growth.splitlines() if r.startswith(f"| {l['revisions']:,} | ")]
+        check(len(row) == 1 and f"| {bench_report.num(bpr)} ({ratio}x) |" in row[0],
+              f"catalog growth row for {l['revisions']} revisions")
     scenarios = [l for l in lines if l.get("case") == "scenario"]
     for s in scenarios:
         check(f"`{s['command']}`" in text, f"scenario command {s['command']}")

@@ -56,7 +56,7 @@ TEST(CatalogCodecTest, DecodesRecordsAtAnyAlignment) {
     EXPECT_EQ(l->from_revision, 7u) << off;
     EXPECT_EQ(l->to_revision, 9u) << off;
     EXPECT_EQ(l->reason, "rollback") << off;
-    auto r = DecodeRevision(At(revs[off], off, rev_bytes.size()));
+    auto r = DecodeRevision(At(revs[off], off, rev_bytes.size()), 42);
     ASSERT_TRUE(r.ok()) << "offset " << off << ": " << r.status();
     EXPECT_EQ(r->id, 42u) << off;
     EXPECT_EQ(r->seq, 5u) << off;
@@ -67,8 +67,64 @@ TEST(CatalogCodecTest, DecodesRecordsAtAnyAlignment) {
     EXPECT_EQ(r->created_us, 99) << off;
   }
   // A truncated record is still refused (the copy does not hide corruption).
-  auto bad = DecodeRevision(At(revs[3], 3, rev_bytes.size() / 2));
+  auto bad = DecodeRevision(At(revs[3], 3, rev_bytes.size() / 2), 42);
   EXPECT_TRUE(absl::IsDataLoss(bad.status())) << bad.status();
+}
+
+// Layout 2 (written since schema v4) and layout 1 (read from older stores) hold the same record;
+// layout 2 leaves the id to the key and is smaller.
+TEST(CatalogCodecTest, RevisionLayoutsReadTheSame) {
+  RevisionRecord rev;
+  rev.id = 7;
+  rev.policy_id = 3;
+  rev.seq = 2;
+  rev.base = "qwen3-4b";
+  rev.parent = 6;
+  rev.source.kind = SourceKind::kImported;
+  rev.source.checkpoint_id = 11;
+  rev.source.step = 120;
+  rev.source.origin = "hf://org/a";
+  rev.source.content_hash = "00112233445566778899aabbccddeeff";
+  rev.lora.r = 16;
+  rev.lora.alpha = 32.5f;
+  rev.lora.use_rslora = true;
+  rev.lora.modules = {{"q_proj", 8, 4.0f, true}};
+  rev.lora.target_modules = {"q_proj", "v_proj"};
+  rev.dtype = "BF16";
+  rev.layout = Layout::kPacked;
+  rev.blob = {Hash128{0x1234, 0x5678}, 4096, 112};
+  rev.created_us = 1700000000000001;
+  rev.state = RevisionState::kDeleted;
+  rev.evals = {{"acc", 0.5f}};
+  const std::string v1 = EncodeRevisionLayout1(rev);
+  const std::string v2 = EncodeRevision(rev);
+  EXPECT_LT(v2.size(), v1.size());
+  auto a = DecodeRevision(At(AtEveryOffset(v1)[0], 0, v1.size()), 99);
+  auto b = DecodeRevision(At(AtEveryOffset(v2)[0], 0, v2.size()), 7);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (const RevisionRecord* r : {&*a, &*b}) {
+    EXPECT_EQ(r->id, 7u);  // layout 1: the stored id; layout 2: the key
+    EXPECT_EQ(r->policy_id, 3u);
+    EXPECT_EQ(r->seq, 2u);
+    EXPECT_EQ(r->base, "qwen3-4b");
+    EXPECT_EQ(r->parent, 6u);
+    EXPECT_EQ(r->source.kind, SourceKind::kImported);
+    EXPECT_EQ(r->source.checkpoint_id, 11u);
+    EXPECT_EQ(r->source.step, 120u);
+    EXPECT_EQ(r->source.origin, "hf://org/a");
+    EXPECT_EQ(r->source.content_hash, rev.source.content_hash);
+    EXPECT_EQ(r->lora, rev.lora);
+    EXPECT_EQ(r->dtype, "BF16");
+    EXPECT_EQ(r->layout, Layout::kPacked);
+    EXPECT_TRUE(r->blob.hash == rev.blob.hash);
+    EXPECT_EQ(r->blob.bytes, 4096u);
+    EXPECT_EQ(r->blob.tensors, 112u);
+    EXPECT_EQ(r->created_us, rev.created_us);
+    EXPECT_EQ(r->state, RevisionState::kDeleted);
+    EXPECT_EQ(r->evals, rev.evals);
+  }
+  EXPECT_EQ(*DecodeRevisionState(At(AtEveryOffset(v2)[0], 0, v2.size())), RevisionState::kDeleted);
 }
 
 }  // namespace

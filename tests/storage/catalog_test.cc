@@ -392,6 +392,45 @@ TEST_F(CatalogTest, EvalScoresAndBatchPublish) {
   EXPECT_FLOAT_EQ(cat_->GetRevision((*ids)[0])->evals.at("mmlu"), 0.5f);
 }
 
+// One transaction's publishes read each policy, the last id and each blob once: seqs still count
+// per policy, a policy created inside the batch gets its own, blob references add up across the
+// batch, and an alias moved inside it points at the right revision.
+TEST_F(CatalogTest, BatchPublishAcrossPoliciesKeepsSeqsAndReferences) {
+  auto other = cat_->CreatePolicy("acme/other", "tiny");
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(cat_->Publish(Rev(policy_.id, 5), "").ok());  // seq 1 before the batch
+  std::vector<NewRevision> batch;
+  for (int i = 0; i < 6; ++i) batch.push_back(Rev(i % 2 == 0 ? policy_.id : other->id, 5));
+  batch[3].alias = "serving";
+  NewRevision created = Rev(0, 6);
+  created.create_policy = "acme/new";
+  created.create_policy_base = "tiny";
+  batch.push_back(created);
+  auto ids = cat_->PublishBatch(batch, {});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->size(), 7u);
+  std::vector<uint64_t> seqs;
+  for (uint64_t id : *ids) seqs.push_back(cat_->GetRevision(id)->seq);
+  EXPECT_EQ(seqs, (std::vector<uint64_t>{2, 1, 3, 2, 4, 3, 1}));
+  EXPECT_EQ(cat_->GetPolicy("acme/support")->next_seq, 5u);
+  EXPECT_EQ(cat_->GetPolicy("acme/other")->next_seq, 4u);
+  EXPECT_EQ(cat_->GetPolicy("acme/new")->next_seq, 2u);
+  EXPECT_EQ(cat_->GetBlob(Hash128{5, 15})->refcount, 7u);
+  EXPECT_EQ(cat_->GetBlob(Hash128{6, 18})->refcount, 1u);
+  EXPECT_EQ(cat_->ListRevisionsByBlob(Hash128{5, 15})->size(), 7u);
+  EXPECT_EQ(cat_->GetRevisionByAlias(other->id, "serving")->id, (*ids)[3]);
+  auto integrity = cat_->CheckIntegrity();
+  ASSERT_TRUE(integrity.ok());
+  EXPECT_TRUE(integrity->problems.empty()) << integrity->problems.front();
+
+  // The same blob referenced with another size inside one batch: DataLoss, nothing committed.
+  std::vector<NewRevision> bad = {Rev(policy_.id, 7), Rev(policy_.id, 7)};
+  bad[1].blob.bytes += 1;
+  EXPECT_TRUE(absl::IsDataLoss(cat_->PublishBatch(bad, {}).status()));
+  EXPECT_TRUE(absl::IsNotFound(cat_->GetBlob(Hash128{7, 21}).status()));
+  EXPECT_EQ(*cat_->CountPolicyRevisions(policy_.id), 4u);
+}
+
 TEST_F(CatalogTest, Checkpoints) {
   NewCheckpoint c;
   c.policy_id = policy_.id;
