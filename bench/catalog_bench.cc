@@ -251,16 +251,29 @@ absl::Status RunOne(const CatalogBenchArgs& args, uint64_t n, const std::string&
     sink += bytes;
     return absl::OkStatus();
   };
-  const double lookups_t0 = NowSeconds();
-  for (size_t i = 0; i < lookups; ++i) {
-    for (int side = 0; side < 2; ++side) {
-      const bool do_raw = (side == 0) == (i % 2 == 0);
-      const double t = NowSeconds();
-      LORADB_RETURN_IF_ERROR(do_raw ? raw_lookup(raw_ids[i]) : view_lookup(ids[i]));
-      (do_raw ? raw_us : view_us).push_back((NowSeconds() - t) * 1e6);
+  // Two passes over the same ids: the first right after open, when most lookups touch a page of
+  // the map for the first time (a page fault each, for both paths), reported as first-touch
+  // figures; the second on the mapped catalog, the steady state of a process that serves from
+  // it, which the goals judge.
+  double first_touch_view_p99 = 0, first_touch_raw_p99 = 0, lookups_s = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    view_us.clear();
+    raw_us.clear();
+    const double lookups_t0 = NowSeconds();
+    for (size_t i = 0; i < lookups; ++i) {
+      for (int side = 0; side < 2; ++side) {
+        const bool do_raw = (side == 0) == (i % 2 == 0);
+        const double t = NowSeconds();
+        LORADB_RETURN_IF_ERROR(do_raw ? raw_lookup(raw_ids[i]) : view_lookup(ids[i]));
+        (do_raw ? raw_us : view_us).push_back((NowSeconds() - t) * 1e6);
+      }
+    }
+    lookups_s = NowSeconds() - lookups_t0;
+    if (pass == 0) {
+      first_touch_view_p99 = Quantile(view_us, 0.99);
+      first_touch_raw_p99 = Quantile(raw_us, 0.99);
     }
   }
-  const double lookups_s = NowSeconds() - lookups_t0;
   raw.reset();
   LORADB_ASSIGN_OR_RETURN(Lat owning, MeasureLookups(lookups, [&](size_t i) {
                             return cat->GetRevision(ids[i]).status();
@@ -276,6 +289,8 @@ absl::Status RunOne(const CatalogBenchArgs& args, uint64_t n, const std::string&
         {"raw_lmdb_p50_us", raw_lat.p50_us},
         {"raw_lmdb_p99_us", raw_lat.p99_us},
         {"p99_vs_raw_lmdb", by_id.p99_us / raw_lat.p99_us},
+        {"first_touch_p99_us", first_touch_view_p99},
+        {"first_touch_raw_lmdb_p99_us", first_touch_raw_p99},
         {"owning_p50_us", owning.p50_us},
         {"owning_p99_us", owning.p99_us},
         {"owning_ops_per_s", owning.ops_s},
@@ -454,7 +469,7 @@ absl::Status RunCatalogBench(const std::vector<std::string>& argv) {
 LORADB_REGISTER_SCENARIO({"catalog",
                           "catalog publish/lookup/scan/open/size at --revisions N[,N...]",
                           RunCatalogBench,
-                          {"--revisions", "1000,10000,100000,1000000"}});
+                          {"--revisions", "1000,10000,100000,1000000,10000000"}});
 
 }  // namespace
 }  // namespace loradb::bench
