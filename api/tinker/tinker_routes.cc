@@ -847,6 +847,7 @@ absl::Status AddTinkerRoutes(std::shared_ptr<Store> store, const TinkerRoutesOpt
   to.model_dir = options.model_dir;
   to.base_name = options.base_name;
   to.threads = options.threads;
+  to.shared_batches = options.shared_batches;
   LORADB_ASSIGN_OR_RETURN(st->training, training::TrainingService::Create(store.get(), to));
   serving::ServiceOptions so;
   so.model_dir = options.model_dir;

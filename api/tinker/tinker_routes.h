@@ -29,6 +29,8 @@ struct TinkerRoutesOptions {
   std::string base_name;
   // LibTorch intra-op threads (0: LibTorch's setting).
   int64_t threads = 0;
+  // TrainingServiceOptions::shared_batches.
+  bool shared_batches = false;
   // How long retrieve_future holds a poll open for a pending call before answering try_again
   // (the SDK's poll times out after 45 s).
   absl::Duration poll_wait = absl::Seconds(20);

@@ -545,7 +545,9 @@ struct TrainingService::Impl {
         ++stats.trainer_calls;
         if (fb) {
           stats.forward_backward_calls += static_cast<int64_t>(picked.size());
-          if (batch_runs.size() > 1) stats.shared_calls += static_cast<int64_t>(picked.size());
+          if (batch_runs.size() > 1 && options.shared_batches) {
+            stats.shared_calls += static_cast<int64_t>(picked.size());
+          }
         }
       }
       if (picked.front().forward_backward) {
@@ -596,15 +598,16 @@ struct TrainingService::Impl {
     for (const Op& op : *ops) batches.push_back(op.batch);
     const bool backward = !ops->front().forward_only;
     absl::StatusOr<std::vector<trainer::TokenBatchResult>> all =
-        trainer->TokenLosses(batches, backward);
+        absl::FailedPreconditionError("not run as one batch");
+    if (ops->size() == 1 || options.shared_batches) all = trainer->TokenLosses(batches, backward);
     std::vector<absl::StatusOr<trainer::TokenBatchResult>> results;
     if (all.ok()) {
       for (auto& r : *all) results.push_back(std::move(r));
     } else if (ops->size() == 1) {
       results.push_back(all.status());
     } else {
-      // A shared batch failed as a whole (nothing was accumulated): run each call alone so each
-      // gets its own answer.
+      // One call after another (the default), or a shared batch failed as a whole (nothing was
+      // accumulated): each call runs alone and gets its own answer.
       for (const trainer::TokenBatch& b : batches) {
         auto one = trainer->TokenLosses({b}, backward);
         if (one.ok()) {

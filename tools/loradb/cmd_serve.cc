@@ -35,12 +35,16 @@ namespace {
 // of `--model`.
 struct TrainServeArgs {
   bool train = false;
+  bool shared_batches = false;
   bool body_limit_given = false;  // --max-body-bytes was set explicitly
 };
 
 void AddTrainServeOptions(CLI::App* sub, TrainServeArgs* a) {
   sub->add_flag("--train", a->train,
                 "also serve the Tinker training and sampling API (/api/v1/...) on --model's base");
+  sub->add_flag("--train-shared-batches", a->shared_batches,
+                "--train: run forward/backward calls of different runs queued together as one "
+                "batch (for devices with idle capacity; on CPU they run one after another)");
 }
 
 // The SDK sends forward_backward chunks of up to 5 MB: without an explicit --max-body-bytes,
@@ -58,6 +62,7 @@ absl::Status AddTrainServeRoutes(const TrainServeArgs& a, const std::string& mod
   if (model.empty()) return absl::InvalidArgumentError("--train needs --model DIR");
   tinker::TinkerRoutesOptions options;
   options.model_dir = model;
+  options.shared_batches = a.shared_batches;
   return tinker::AddTinkerRoutes(std::move(store), options, server);
 #else
   (void)model;
@@ -111,8 +116,8 @@ absl::Status AttachServing(const ServeArgs& args, const std::shared_ptr<Store>& 
   absl::StatusOr<std::shared_ptr<serving::CompletionService>> service =
       openai::AttachModel(std::move(o), store, server);
   if (!service.ok()) {
-    return absl::Status(service.status().code(), absl::StrCat("--model ", args.model, ": ",
-                                                              service.status().message()));
+    return absl::Status(service.status().code(),
+                        absl::StrCat("--model ", args.model, ": ", service.status().message()));
   }
   std::fprintf(stderr, "loradb serve: serving %s as \"%s\" on /v1/completions\n",
                args.model.c_str(), (*service)->base_name().c_str());
