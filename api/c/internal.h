@@ -209,6 +209,14 @@ bool AcceptedSize(size_t size, std::initializer_list<size_t> accepted) {
   return std::find(accepted.begin(), accepted.end(), size) != accepted.end();
 }
 
+// Zeroes `*out` but keeps its struct_size.
+template <typename T>
+void ClearKeepingSize(T* out) {
+  const size_t size = out->struct_size;
+  std::memset(static_cast<void*>(out), 0, sizeof(*out));
+  out->struct_size = size;
+}
+
 template <typename T>
 void CopyOut(const T& full, T* out) {
   const size_t size = out->struct_size;
@@ -220,9 +228,7 @@ void CopyOut(const T& full, T* out) {
 // tiers::DeviceTensor (device slot memory); the view points into `t`.
 template <typename Tensor>
 void FillView(const Tensor& t, loradb_tensor_view_t* view) {
-  const size_t size = view->struct_size;
-  std::memset(view, 0, sizeof(*view));
-  view->struct_size = size;
+  ClearKeepingSize(view);
   view->name = t.name.data();
   view->name_len = t.name.size();
   view->dtype = ToCEnum<loradb_dtype_t>(t.dtype, kDTypes);

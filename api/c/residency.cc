@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -13,6 +12,7 @@
 #include "api/c/internal.h"
 
 using loradb::Tier;
+using loradb::capi::ClearKeepingSize;
 using loradb::capi::CopyOut;
 using loradb::capi::Fail;
 using loradb::capi::FillView;
@@ -242,9 +242,7 @@ loradb_status_t loradb_batch_adapter(const loradb_batch_lease_t* batch, size_t i
   if (out->struct_size != sizeof(loradb_batch_adapter_t)) return LORADB_INVALID_ARGUMENT;
   if (index >= batch->lease.size()) return LORADB_OUT_OF_RANGE;
   const loradb::tiers::DeviceAdapter& a = batch->lease[index];
-  const size_t size = out->struct_size;
-  std::memset(out, 0, sizeof(*out));
-  out->struct_size = size;
+  ClearKeepingSize(out);
   out->revision = a.revision;
   out->slot = a.slot;
   out->tensor_count = a.tensors.size();

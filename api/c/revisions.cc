@@ -9,6 +9,7 @@
 #include "api/c/internal.h"
 #include "storage/util/status_macros.h"
 
+using loradb::capi::ClearKeepingSize;
 using loradb::capi::Fail;
 using loradb::capi::FillView;
 using loradb::capi::Guarded;
@@ -30,9 +31,7 @@ bool ToDType(const loradb_dtype_t& in, loradb::DType* out) {
 }
 
 void FillRevision(const loradb::RevisionRecord& r, loradb_revision_info_t* out) {
-  const size_t size = out->struct_size;
-  std::memset(out, 0, sizeof(*out));
-  out->struct_size = size;
+  ClearKeepingSize(out);
   out->id = r.id;
   out->policy_id = r.policy_id;
   out->seq = r.seq;
@@ -52,9 +51,7 @@ void FillRevision(const loradb::RevisionRecord& r, loradb_revision_info_t* out) 
 }
 
 void FillCheckpoint(const loradb::CheckpointRecord& c, loradb_checkpoint_info_t* out) {
-  const size_t size = out->struct_size;
-  std::memset(out, 0, sizeof(*out));
-  out->struct_size = size;
+  ClearKeepingSize(out);
   out->id = c.id;
   out->policy_id = c.policy_id;
   out->step = c.step;
