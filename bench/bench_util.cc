@@ -43,7 +43,8 @@ int ConnectLoopback(int port) {
   return fd;
 }
 
-absl::StatusOr<JsonCommandResult> RunJsonCommand(const std::string& command) {
+absl::StatusOr<JsonCommandResult> RunJsonCommand(const std::string& command,
+                                                 const std::string& key) {
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot start: ", command));
   std::string out;
@@ -57,7 +58,7 @@ absl::StatusOr<JsonCommandResult> RunJsonCommand(const std::string& command) {
   std::string line;
   while (std::getline(lines, line)) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object()) r.last_object = std::move(j);
+    if (j.is_object() && (key.empty() || j.contains(key))) r.last_object = std::move(j);
   }
   return r;
 }

@@ -85,15 +85,17 @@ class ScopedBenchDir {
 int ConnectLoopback(int port);
 
 // What RunJsonCommand saw: the command's exit status (-1 when it did not exit normally) and the
-// last line of its stdout that parses as a JSON object (null when none did).
+// last line of its stdout that parses as a JSON object with the asked-for key (null when none
+// did).
 struct JsonCommandResult {
   int exit_status = -1;
   nlohmann::json last_object;
 };
 
-// Runs `command` through /bin/sh, its stderr going to ours, and collects its stdout.
-// Errors: Internal when the command cannot be started.
-[[nodiscard]] absl::StatusOr<JsonCommandResult> RunJsonCommand(const std::string& command);
+// Runs `command` through /bin/sh, its stderr going to ours, and collects its stdout; with `key`,
+// only object lines that have that key count. Errors: Internal when the command cannot be started.
+[[nodiscard]] absl::StatusOr<JsonCommandResult> RunJsonCommand(const std::string& command,
+                                                               const std::string& key = "");
 
 }  // namespace loradb::bench
 

@@ -30,7 +30,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,24 +106,15 @@ double Median(std::vector<double> v) {
 // `key`; nullopt when the command exits 77 (a Python package it needs is missing).
 absl::StatusOr<std::optional<nlohmann::json>> RunJsonChild(const std::string& cmd,
                                                            const std::string& key) {
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError("cannot start " + cmd);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  const int rc = ::pclose(pipe);
-  if (rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77) return std::optional<nlohmann::json>();
-  if (rc != 0) return absl::InternalError(absl::StrCat(cmd, " failed (status ", rc, ")"));
-  std::optional<nlohmann::json> found;
-  std::istringstream lines(out);
-  std::string line;
-  while (std::getline(lines, line)) {
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && j.is_object() && j.contains(key)) found = j;
+  LORADB_ASSIGN_OR_RETURN(JsonCommandResult r, RunJsonCommand(cmd, key));
+  if (r.exit_status == 77) return std::optional<nlohmann::json>();
+  if (r.exit_status != 0) {
+    return absl::InternalError(absl::StrCat(cmd, " failed (exit status ", r.exit_status, ")"));
   }
-  if (!found) return absl::InternalError(absl::StrCat(cmd, " printed no '", key, "' line"));
-  return found;
+  if (r.last_object.is_null()) {
+    return absl::InternalError(absl::StrCat(cmd, " printed no '", key, "' line"));
+  }
+  return std::optional<nlohmann::json>(std::move(r.last_object));
 }
 
 // What the in-process arm measured.
