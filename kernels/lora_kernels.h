@@ -196,6 +196,20 @@ KernelStatus Expand(const RankBuffer& t, const AdapterTable& w, const RowMapping
 KernelStatus ShrinkExpand(const ConstRows& x, const AdapterTable& w, const RowMapping& m,
                           const OutputRows& y, CpuContext* ctx);
 
+// The base model's linear layer on fp32 data, without bias: y[r * ldy + j] = sum_i
+// x[r * ldx + i] * w[j * k + i] for r < rows and j in [j_begin, j_end), with w row-major [n, k]
+// (PyTorch's Linear weight). Built for decode, where a few rows meet a weight matrix read from
+// memory once: the weights stream through the dense micro-kernel once per 64 rows, prefetched a
+// block ahead, with no packing copy. Every output is summed in the same order whatever `rows`,
+// the j range or the caller's split into calls (a row's result does not depend on its batch).
+// Runs on the calling thread; callers split [0, n) across threads.
+void DenseLinear(const float* x, int64_t rows, int64_t ldx, int64_t k, const float* w,
+                 int64_t j_begin, int64_t j_end, float* y, int64_t ldy);
+
+// Whether DenseLinear runs vector code on this CPU (AVX-512 or AVX2); with only the portable set
+// a BLAS library is the better choice.
+bool DenseLinearIsVectorized();
+
 }  // namespace cpu
 }  // namespace loradb::kernels
 

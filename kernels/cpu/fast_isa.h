@@ -33,6 +33,15 @@ struct IsaKernels {
   void (*to_f32)(const void* src, DType dtype, int64_t n, float* dst);
   // y[l] = round(y[l] + scale * acc[l]) for l < n.
   void (*update_y)(const float* acc, int n, float scale, void* y, DType dtype);
+  // Dense block: dense_k weight rows x dense_rows activation rows of a linear layer,
+  // out[r * ldo + s] = dot(w[s][0..k), x[r][0..k)). Every output is summed in the same order
+  // whatever block it falls in (lanes in k order, then one fixed reduction tree), so a row's
+  // result does not depend on the rows beside it. The weight lines `prefetch_bytes` past each
+  // row's position are prefetched (the caller passes the distance to the next block).
+  int dense_k;
+  int dense_rows;
+  void (*dense_block)(const float* const* w, const float* const* x, int64_t k,
+                      int64_t prefetch_bytes, float* out, int64_t ldo);
 };
 
 const IsaKernels& PortableKernels();

@@ -14,6 +14,7 @@
 #include "kernels/cpu/fast_isa.h"
 #include "kernels/lora_kernels.h"
 #include "tests/kernels/lora_problem.h"
+#include "tests/kernels/runnable_isas.h"
 #include "tests/test_util.h"
 
 namespace loradb::kernels {
@@ -22,6 +23,7 @@ namespace {
 using testing::Popularity;
 using testing::Problem;
 using testing::ProblemSpec;
+using testing::RunnableIsas;
 
 // Fused, and Shrink + Expand through a caller-owned intermediate, both against the reference.
 void CheckFastMatchesReference(const ProblemSpec& spec, cpu::CpuContext* ctx) {
@@ -94,22 +96,6 @@ TEST(CpuFastKernels, MatchesReferenceOverTheSweep) {
       CheckFastMatchesReference(spec, &ctx);
     }
   }
-}
-
-// The instruction sets this CPU can run (the fast path picks the best; the others are tested
-// here so a machine without AVX-512 still runs checked code).
-std::vector<const cpu_internal::IsaKernels*> RunnableIsas() {
-  std::vector<const cpu_internal::IsaKernels*> v = {&cpu_internal::PortableKernels()};
-#if defined(LORADB_KERNELS_X86)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    v.push_back(&cpu_internal::Avx2Kernels());
-  }
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    v.push_back(&cpu_internal::Avx512Kernels());
-  }
-#endif
-  return v;
 }
 
 // Every (x/y, weight) dtype pair, mixed ranks, odd hidden size, on every runnable ISA.
