@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compute/model/checkpoint.h"
+#include "compute/model/dense_linear.h"
 #include "compute/model/torch_dtype.h"
 #include "storage/formats/weights_fingerprint.h"
 #include "storage/util/status_macros.h"
@@ -204,7 +205,7 @@ at::Tensor Qwen3Model::RmsNorm(const at::Tensor& x, const at::Tensor& w) const {
 
 at::Tensor Qwen3Model::Project(const Context& ctx, const at::Tensor& x, const at::Tensor& w,
                                const at::Tensor& bias, int64_t layer, LoraTarget target) const {
-  at::Tensor y = at::linear(x, w, bias);
+  at::Tensor y = BaseLinear(x, w, bias);
   if (ctx.lora != nullptr && !ctx.groups.empty()) {
     y = applier_->Apply(x, y, layer, target, /*expert=*/-1, at::Tensor(), *ctx.lora, ctx.groups);
     if (ctx.any_dora) y = ApplyDora(ctx, std::move(y), bias, layer, target);
@@ -537,7 +538,7 @@ at::Tensor Qwen3Model::DenseMlp(const Context& ctx, const Layer& l, int64_t laye
 at::Tensor Qwen3Model::MoeMlp(const Context& ctx, const Layer& l, int64_t layer,
                               const at::Tensor& x) const {
   const int64_t top_k = config_.num_experts_per_tok;
-  at::Tensor router_logits = at::linear(x, l.router);
+  at::Tensor router_logits = BaseLinear(x, l.router);
   at::Tensor probs = at::softmax(router_logits, -1, at::kFloat);
   auto [weights, experts] = at::topk(probs, top_k, -1);
   if (config_.norm_topk_prob) weights = weights / weights.sum({-1}, /*keepdim=*/true);
@@ -562,14 +563,14 @@ at::Tensor Qwen3Model::MoeMlp(const Context& ctx, const Layer& l, int64_t layer,
     at::Tensor tokens = at::floor_divide(picks, top_k);
     at::Tensor xs = x.index_select(0, tokens);
     const Expert& ex = l.experts[e];
-    at::Tensor g = at::linear(xs, ex.gate);
-    at::Tensor u = at::linear(xs, ex.up);
+    at::Tensor g = BaseLinear(xs, ex.gate);
+    at::Tensor u = BaseLinear(xs, ex.up);
     if (lora) {
       g = applier_->Apply(xs, g, layer, LoraTarget::kGate, e, tokens, *ctx.lora, ctx.groups);
       u = applier_->Apply(xs, u, layer, LoraTarget::kUp, e, tokens, *ctx.lora, ctx.groups);
     }
     at::Tensor h = at::silu(g) * u;
-    at::Tensor d = at::linear(h, ex.down);
+    at::Tensor d = BaseLinear(h, ex.down);
     if (lora) {
       d = applier_->Apply(h, d, layer, LoraTarget::kDown, e, tokens, *ctx.lora, ctx.groups);
     }
@@ -756,7 +757,7 @@ absl::StatusOr<ForwardOutput> Qwen3Model::ForwardImpl(const ForwardInput& input,
   }
   ForwardOutput out;
   out.hidden = RmsNorm(h, final_norm_);
-  out.logits = at::linear(out.hidden, lm_head_);
+  out.logits = BaseLinear(out.hidden, lm_head_);
   if (ctx.any_whole) out.logits = HeadAdapters(ctx, out_rows, out.hidden, std::move(out.logits));
   if (ctx.cache != nullptr) {
     for (size_t s = 0; s < ctx.seq_lens.size(); ++s) {

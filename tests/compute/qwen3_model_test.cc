@@ -3,6 +3,7 @@
 #include "compute/model/qwen3_model.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -11,7 +12,9 @@
 #include <vector>
 
 #include "compute/model/checkpoint.h"
+#include "compute/model/dense_linear.h"
 #include "compute/model/kernel_lora_applier.h"
+#include "kernels/lora_kernels.h"
 #include "storage/formats/safetensors.h"
 #include "storage/formats/weights_fingerprint.h"
 #include "storage/util/file_util.h"
@@ -146,6 +149,37 @@ TEST(Qwen3ModelTest, FingerprintIgnoresFileOrder) {
   ASSERT_TRUE(c.Add(view("a", y)).ok());
   ASSERT_TRUE(c.Add(view("b", x)).ok());
   EXPECT_NE(WeightsFingerprint(a), WeightsFingerprint(c));
+}
+
+// The base layers' linear: the dense kernel in inference on fp32 CPU tensors (same values as
+// at::linear up to summation order, any leading shape, bias added), at::linear wherever autograd
+// must record the product or the dtype is not fp32.
+TEST(BaseLinearTest, DenseKernelInInferenceAtLinearUnderAutograd) {
+  if (!kernels::cpu::DenseLinearIsVectorized()) {
+    GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512: BaseLinear always uses at::linear";
+  }
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({19, 33});
+  const at::Tensor bias = at::randn({19});
+  const at::Tensor x = at::randn({2, 5, 33});
+  {
+    at::NoGradGuard no_grad;
+    ASSERT_TRUE(UsesDenseKernel(x, w, bias));
+    const at::Tensor got = BaseLinear(x, w, bias);
+    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 5, 19}));
+    EXPECT_LT(RelErr(got, at::linear(x, w, bias)), 1e-6);
+    EXPECT_LT(RelErr(BaseLinear(x.select(0, 1), w), at::linear(x.select(0, 1), w)), 1e-6);
+    EXPECT_FALSE(UsesDenseKernel(x.to(at::kBFloat16), w.to(at::kBFloat16)));
+    EXPECT_FALSE(UsesDenseKernel(x, w.t().contiguous().t()));  // a transposed view
+  }
+  // Grad mode with nothing requiring grad (a frozen base in plain evaluation): still the kernel.
+  EXPECT_TRUE(UsesDenseKernel(x, w));
+  // Training: the activations require grad, so autograd sees at::linear.
+  const at::Tensor xg = x.clone().requires_grad_(true);
+  ASSERT_FALSE(UsesDenseKernel(xg, w));
+  BaseLinear(xg, w).sum().backward();
+  ASSERT_TRUE(xg.grad().defined());
+  EXPECT_LT(RelErr(xg.grad(), w.sum(0).expand_as(x)), 1e-6);
 }
 
 class ModelKindTest : public ::testing::TestWithParam<const char*> {};
