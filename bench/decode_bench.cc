@@ -10,13 +10,17 @@
 //  - `model`: the bare Qwen3 model (compute/model, no store): base only, one adapter, `batch`
 //    distinct adapters through the kernels and through the torch reference applier, and
 //    distinct bf16 adapters (the serving layout) through the kernels.
-// `all` runs both. Cases run round-robin --rounds times so that all of them see the same machine
-// load; every figure is the median over the rounds (the merge path runs once: it is slow).
+//  - `linear`: the base's linear layers alone (every projection and the LM head, one pass =
+//    the weights a decode step reads) on --linear-rows input rows, through the dense kernel the
+//    model uses in inference and through LibTorch's at::linear (BLAS), alternately.
+// `all` runs all three. Cases run round-robin --rounds times so that all of them see the same
+// machine load; every figure is the median over the rounds (the merge path runs once: it is slow).
 // The decoder case also serves each batch with one row on an adapter that uses DoRA, and one row
 // on an adapter with its own lm_head (modules_to_save), the other rows as in distinct_<d>.
 // Goal lines: distinct adapters >= 0.6x base-only decode tokens/s at the same batch
 // (decoder and bare model); the decoder with distinct adapters >= 2x the merge path; one DoRA /
-// lm_head row costs at most 1.3x the all-plain batch's decode time.
+// lm_head row costs at most 1.3x the all-plain batch's decode time; the dense kernel at least as
+// fast as BLAS at every measured row count (the model uses it for every row count).
 // Flags: --batches=16,64 --distinct=1,16,64 --steps=N --prompt=N --rank=N --rounds=N
 // --threads=N (LibTorch intra-op and kernel threads, default 1: on a shared 2-core machine
 // multi-threaded ATen spins at barriers) --merge-batches=N,.. (batches that also run the merge
@@ -44,10 +48,11 @@ namespace loradb::bench {
 namespace {
 
 struct Options {
-  std::string which = "decoder";  // decoder | model | all
+  std::string which = "decoder";  // decoder | model | linear | all
   std::vector<int64_t> batches = {16, 64};
   std::vector<int64_t> distinct = {1, 16, 64};
   std::vector<int64_t> merge_batches;  // batches that run the merge path (empty: every batch)
+  std::vector<int64_t> linear_rows = {1, 8, 64, 256};
   int64_t steps = 8, prompt = 16, rank = 16, threads = 1, rounds = 1;
   bool merge = true;
   std::string config = std::string(LORADB_SOURCE_DIR) + "/compute/configs/bench-60m.json";
@@ -55,8 +60,8 @@ struct Options {
 
 absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
   CLI::App app("decode: the multi-LoRA decoder and model, adapters per batch", "decode");
-  app.add_option("case", o->which, "decoder, model or all")
-      ->check(CLI::IsMember({"decoder", "model", "all"}));
+  app.add_option("case", o->which, "decoder, model, linear or all")
+      ->check(CLI::IsMember({"decoder", "model", "linear", "all"}));
   app.add_option("--batches", o->batches, "batch sizes, comma-separated")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
@@ -65,6 +70,9 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
       ->check(CLI::PositiveNumber);
   app.add_option("--merge-batches", o->merge_batches,
                  "batches that run the merge path (default: every batch)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--linear-rows", o->linear_rows, "linear: input rows, comma-separated")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
   app.add_option("--steps", o->steps, "decode steps")->check(CLI::PositiveNumber);
@@ -318,6 +326,37 @@ absl::Status RunModelCases(const Options& o, const std::string& dir) {
   return absl::OkStatus();
 }
 
+absl::Status RunLinearCases(const Options& o, const std::string& dir) {
+  Progress("linear: writing a random base");
+  absl::StatusOr<std::unique_ptr<decoder::DecodeBenchHarness>> created =
+      decoder::DecodeBenchHarness::Create(o.config, dir, 1, o.rank, static_cast<int>(o.threads),
+                                          static_cast<int>(o.threads));
+  if (!created.ok()) return created.status();
+  const int rounds = static_cast<int>(std::max<int64_t>(3, 2 * o.rounds + 1));
+  for (int64_t rows : o.linear_rows) {
+    Progress(absl::StrCat("linear: ", rows, " rows, dense kernel and at::linear x ", rounds));
+    absl::StatusOr<decoder::BaseLinearTiming> t = (*created)->TimeBaseLinears(rows, rounds);
+    if (!t.ok()) return t.status();
+    const double gb = static_cast<double>(t->weight_bytes) / 1e9;
+    Emit({{"bench", "decode"},
+          {"case", "base_linear"},
+          {"path", "model"},
+          {"rows", rows},
+          {"threads", o.threads},
+          {"matrices", t->matrices},
+          {"weight_bytes", t->weight_bytes},
+          {"dense_seconds", t->dense_seconds},
+          {"blas_seconds", t->blas_seconds},
+          {"dense_weight_gb_per_s", Ratio(gb, t->dense_seconds)},
+          {"blas_weight_gb_per_s", Ratio(gb, t->blas_seconds)},
+          {"max_rel_diff", t->max_rel_diff}});
+    const double speedup = Ratio(t->blas_seconds, t->dense_seconds);
+    EmitGoal("decode", absl::StrCat("base_linear_dense_vs_blas_rows", rows), speedup, ">= 1",
+             speedup >= 1);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
   Options o;
   absl::Status st = ParseArgs(args, &o);
@@ -326,6 +365,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   const std::filesystem::path& dir = scratch.path();
   std::filesystem::create_directories(dir / "decoder");
   std::filesystem::create_directories(dir / "model");
+  std::filesystem::create_directories(dir / "linear");
   absl::Status result = absl::OkStatus();
   if (o.which == "decoder" || o.which == "all") {
     result = RunDecoderCases(o, (dir / "decoder").string());
@@ -333,13 +373,16 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (result.ok() && (o.which == "model" || o.which == "all")) {
     result = RunModelCases(o, (dir / "model").string());
   }
+  if (result.ok() && (o.which == "linear" || o.which == "all")) {
+    result = RunLinearCases(o, (dir / "linear").string());
+  }
   return result;
 }
 
 LORADB_REGISTER_SCENARIO({"decode",
                           "multi-LoRA decode tokens/s: decoder (store-backed: base, d distinct "
                           "adapters, merge path) | model (bare model: kernels vs torch applier, "
-                          "bf16) | all",
+                          "bf16) | linear (base linears: dense kernel vs BLAS) | all",
                           Run,
                           {"all", "--batches=16,64", "--distinct=1,4,16,64", "--merge-batches=16",
                            "--steps=8", "--rounds=3"}});

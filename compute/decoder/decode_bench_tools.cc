@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <random>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "compute/decoder/decoder.h"
 #include "compute/model/checkpoint.h"
+#include "compute/model/dense_linear.h"
 #include "compute/model/kernel_lora_applier.h"
 #include "compute/model/qwen3_model.h"
 #include "storage/formats/peft.h"
@@ -246,6 +248,58 @@ absl::StatusOr<DecodeBenchRun> DecodeBenchHarness::RunMerged(int64_t batch, int6
     LORADB_RETURN_IF_ERROR(Serve(*d, groups[static_cast<size_t>(g)], &run));
   }
   return run;
+}
+
+absl::StatusOr<BaseLinearTiming> DecodeBenchHarness::TimeBaseLinears(int64_t rows, int rounds) {
+  c10::InferenceMode inference;
+  BaseLinearTiming t;
+  t.rows = rows;
+  std::vector<at::Tensor> weights;
+  for (const TensorView& v : s_->base_tensors->tensors()) {
+    const bool linear =
+        v.name.find("_proj.weight") != std::string::npos || v.name == "lm_head.weight";
+    if (!linear || v.shape.size() != 2 || v.dtype != DType::kF32) continue;
+    weights.push_back(at::from_blob(const_cast<std::byte*>(v.data), v.shape, at::kFloat));
+    t.weight_bytes += v.nbytes;
+  }
+  if (weights.empty())
+    return absl::InternalError("base linears: the checkpoint has no fp32 projections");
+  t.matrices = static_cast<int64_t>(weights.size());
+  std::map<int64_t, at::Tensor> inputs;  // by input width
+  for (const at::Tensor& w : weights) {
+    if (!inputs.count(w.size(1))) inputs[w.size(1)] = at::randn({rows, w.size(1)});
+  }
+  auto pass = [&](bool dense) {
+    const double t0 = Now();
+    for (const at::Tensor& w : weights) {
+      const at::Tensor& x = inputs[w.size(1)];
+      at::Tensor y = dense ? model::BaseLinear(x, w) : at::linear(x, w);
+    }
+    return Now() - t0;
+  };
+  if (!model::UsesDenseKernel(inputs.begin()->second, weights.front())) {
+    return absl::FailedPreconditionError(
+        "base linears: the dense kernel does not run here (no AVX2/AVX-512)");
+  }
+  for (const at::Tensor& w : weights) {
+    const at::Tensor& x = inputs[w.size(1)];
+    const at::Tensor want = at::linear(x, w);
+    const double scale = want.abs().max().item<double>();
+    const double diff = (model::BaseLinear(x, w) - want).abs().max().item<double>();
+    t.max_rel_diff = std::max(t.max_rel_diff, scale > 0 ? diff / scale : diff);
+  }
+  std::vector<double> dense, blas;
+  for (int r = 0; r < rounds; ++r) {
+    dense.push_back(pass(true));
+    blas.push_back(pass(false));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  t.dense_seconds = median(dense);
+  t.blas_seconds = median(blas);
+  return t;
 }
 
 }  // namespace loradb::decoder

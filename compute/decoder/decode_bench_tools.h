@@ -32,6 +32,17 @@ struct DecodeBenchRun {
   int64_t adapter_builds = 0;
 };
 
+// One pass of x @ W^T over every weight matrix a decode step reads (each layer's projections
+// and the LM head), timed through the dense kernel (model::BaseLinear) and LibTorch's at::linear.
+struct BaseLinearTiming {
+  int64_t rows = 0;
+  int64_t matrices = 0;
+  uint64_t weight_bytes = 0;
+  double dense_seconds = 0;  // median over the rounds
+  double blas_seconds = 0;   // median over the rounds
+  double max_rel_diff = 0;   // largest |dense - blas| / max |blas| over the matrices
+};
+
 class DecodeBenchHarness {
  public:
   // Writes a random checkpoint for `config_path` into `work_dir`/model, creates a store in
@@ -59,6 +70,9 @@ class DecodeBenchHarness {
   [[nodiscard]] absl::StatusOr<DecodeBenchRun> RunDecoder(int64_t batch, int64_t distinct,
                                                           int64_t prompt_len, int64_t steps,
                                                           const std::string& first_adapter = "");
+  // The base's linear layers on `rows` random input rows, dense kernel and at::linear in
+  // alternation, `rounds` times each (after one untimed pass of both).
+  [[nodiscard]] absl::StatusOr<BaseLinearTiming> TimeBaseLinears(int64_t rows, int rounds);
   // The same requests served by the merge path, grouped per adapter.
   [[nodiscard]] absl::StatusOr<DecodeBenchRun> RunMerged(int64_t batch, int64_t distinct,
                                                          int64_t prompt_len, int64_t steps);
