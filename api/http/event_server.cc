@@ -663,8 +663,8 @@ void EventServer::SetPhase(Conn* c, int phase, int64_t since_ms) {
 void EventServer::Close(Loop* loop, Conn* c) {
   // A reply still being produced: the client is gone, so its producer is told to stop.
   if (c->stream != nullptr) c->stream->Cancel();
-  ::epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
-  ::close(c->fd);
+  // The budget and the gauge are released before the socket closes: a client that sees the
+  // close and connects again finds the place free (no eviction, no count above the budget).
   if (c->rejecting) {
     rejected_.fetch_sub(1);
   } else {
@@ -672,6 +672,8 @@ void EventServer::Close(Loop* loop, Conn* c) {
     std::lock_guard<std::mutex> lock(budget_mu_);
     if (c->admitted) Unadmit(c);
   }
+  ::epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
+  ::close(c->fd);
   loop->conns.erase(c->fd);  // destroys *c
 }
 
