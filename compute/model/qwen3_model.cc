@@ -277,7 +277,7 @@ at::Tensor Qwen3Model::HeadAdapters(const Context& ctx, const std::vector<int64_
             .to(device_, /*non_blocking=*/false, /*copy=*/true);
     const at::Tensor hs = hidden.index_select(0, idx);
     at::Tensor part =
-        own.defined() ? at::linear(hs, Cast(own, dtype_)) : logits.index_select(0, idx);
+        own.defined() ? BaseLinear(hs, Cast(own, dtype_)) : logits.index_select(0, idx);
     if (f != nullptr) {
       part = part + at::linear(at::linear(hs, Cast(f->a, dtype_)), Cast(f->b, dtype_)) * f->scale;
       if (f->dora_scale.defined()) part = part * f->dora_scale;
