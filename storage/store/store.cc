@@ -499,6 +499,23 @@ absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& 
     if (config.task_type.empty() && absl::StartsWith(base.arch.family, "qwen3")) {
       config.task_type = "CAUSAL_LM";
     }
+    // Per-expert LoRA on a qwen3_moe base (trained with gate_proj/up_proj/down_proj as
+    // modules): transformers >= 5 holds those experts as fused parameters, and peft there
+    // targets the fused parameters and skips every experts.{e}.* tensor without an error, so
+    // the adapter would run with its experts unadapted. Written only when asked for by name.
+    if (layout == PeftExportLayout::kAsImported && base.arch.family == "qwen3_moe" &&
+        base.arch.num_experts > 0) {
+      for (const TensorView& t : tensors.tensors()) {
+        if (t.name.find(".mlp.experts.") == std::string::npos) continue;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "revision ", rev.id, " holds per-expert LoRA on the experts of qwen3_moe base '",
+            base.name, "' (", t.name,
+            "): peft on transformers >= 5 holds these experts as fused parameters and would "
+            "load none of those tensors, silently. Export it with --layout per-expert for a "
+            "transformers < 5 model (experts as modules); for transformers >= 5 train with "
+            "--target-parameters gate_up_proj,down_proj"));
+      }
+    }
   }
   if (config.target_parameters.empty()) {
     return peft::WritePeftDir(out_dir, config, tensors.tensors());

@@ -244,7 +244,10 @@ class Store {
   // imported adapter_config.json is written back as it was. `layout` kPerExpert writes an
   // adapter imported in the target_parameters layout as per-expert target_modules LoRA
   // (experts.{e}.gate_proj, ...) with equal delta weights; kAsImported rebuilds PEFT's
-  // target_parameters tensors (FailedPrecondition if they cannot be rebuilt exactly).
+  // target_parameters tensors (FailedPrecondition if they cannot be rebuilt exactly). A revision
+  // published without a PEFT config (trained by loradb) that holds per-expert LoRA on a
+  // qwen3_moe base's experts is written only with kPerExpert (FailedPrecondition otherwise):
+  // peft on transformers >= 5 would skip those tensors without an error.
   enum class PeftExportLayout { kAsImported, kPerExpert };
   [[nodiscard]] absl::Status ExportPeftDir(
       const RevisionRecord& rev, const std::string& out_dir,

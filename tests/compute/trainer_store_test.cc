@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "compute/trainer/checkpoint.h"
 #include "compute/trainer/tasks.h"
@@ -285,6 +286,44 @@ TEST(TrainerStore, FusedExpertParametersRefusedWhereTheBaseLacksThem) {
   auto only = LoraParameters::Create(*moe, lora, 1);
   ASSERT_TRUE(only.ok()) << only.status();
   EXPECT_TRUE(only->shared().empty());  // down_proj has one part: nothing shared
+}
+
+// Per-expert LoRA trained on a qwen3_moe base's experts: the default export refuses it (peft on
+// transformers >= 5 would skip those tensors silently) and says how to get each layout;
+// --layout per-expert writes it.
+TEST(TrainerStore, PerExpertMoeLoraExportsOnlyWhenAskedForByName) {
+  TempDir model_dir, dir, out_default, out_per_expert;
+  auto config = ReadModelConfig(std::string(LORADB_SOURCE_DIR) + "/compute/configs/tiny-moe.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(model::WriteRandomCheckpoint(*config, model_dir.path(), 7, at::kFloat, 0.02).ok());
+  auto model = model::Qwen3Model::Load(model_dir.path());
+  ASSERT_TRUE(model.ok()) << model.status();
+  PolicyOptions o = Opts("acme/per-expert");
+  o.lora.target_modules = {"q_proj", "gate_proj", "up_proj", "down_proj"};
+  Trainer t(model->get());
+  ASSERT_TRUE(t.AddPolicy(o).ok());
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(EnsurePolicy(store->get(), "tiny-moe", model_dir.path(), "acme/per-expert").ok());
+  auto ck = SaveCheckpoint(store->get(), t, 0, 0);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  auto rev = PublishForSampling(store->get(), t, 0, ck->id, "latest", DType::kF32);
+  ASSERT_TRUE(rev.ok()) << rev.status();
+
+  const absl::Status refused = (*store)->ExportPeftDir(*rev, out_default.path());
+  ASSERT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("--layout per-expert"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("--target-parameters"), std::string::npos) << refused;
+  EXPECT_FALSE(std::filesystem::exists(out_default.path() + "/adapter_model.safetensors"));
+
+  ASSERT_TRUE((*store)
+                  ->ExportPeftDir(*rev, out_per_expert.path(), Store::PeftExportLayout::kPerExpert)
+                  .ok());
+  auto per = ReadPeftDir(out_per_expert.path());
+  ASSERT_TRUE(per.ok()) << per.status();
+  EXPECT_TRUE(per->config.target_parameters.empty());
+  EXPECT_NE(per->tensors.Find(LoraAName("layers.0.mlp.experts.3.gate_proj")), nullptr);
+  EXPECT_NE(per->tensors.Find(LoraBName("layers.0.mlp.experts.3.down_proj")), nullptr);
 }
 
 TEST(TrainerStore, CheckpointKeepsAlphaAndRsLoraAndResumeUsesThem) {

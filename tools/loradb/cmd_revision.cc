@@ -67,7 +67,8 @@ void SetupExport(CLI::App* sub, Invocation* inv) {
   sub->add_option("--layout", o->layout,
                   "peft: the adapter's own layout, as imported or trained (default); per-expert: "
                   "LoRA on fused expert parameters (target_parameters) written as per-expert "
-                  "target_modules (experts.{e}.gate_proj ...)")
+                  "target_modules (experts.{e}.gate_proj ...); also required for per-expert "
+                  "LoRA trained on qwen3_moe experts (loadable by peft on transformers < 5 only)")
       ->check(CLI::IsMember({"peft", "per-expert"}));
   AddJsonFlag(sub, &o->json);
   OnStore(sub, inv, [o](Store& store) -> absl::Status {
