@@ -8,6 +8,7 @@
 #include "compute/trainer/checkpoint.h"
 #include "compute/trainer/tasks.h"
 #include "storage/formats/peft.h"
+#include "storage/util/status_macros.h"
 #include "tests/compute/trainer_test_util.h"
 
 namespace loradb::trainer {
@@ -176,15 +177,20 @@ TEST(TrainerStore, PublishForSamplingMakesARevisionFromTheCheckpoint) {
   EXPECT_EQ((*store)->GetRevisionByAlias("acme/sft", "latest")->id, rev2->id);
 }
 
+// A random tiny-moe base written into `dir` and loaded.
+absl::StatusOr<std::unique_ptr<model::Qwen3Model>> TinyMoeModel(const TempDir& dir) {
+  LORADB_ASSIGN_OR_RETURN(ModelConfig config, ReadModelConfig(std::string(LORADB_SOURCE_DIR) +
+                                                              "/compute/configs/tiny-moe.json"));
+  LORADB_RETURN_IF_ERROR(model::WriteRandomCheckpoint(config, dir.path(), 7, at::kFloat, 0.02));
+  return model::Qwen3Model::Load(dir.path());
+}
+
 // LoRA on the fused MoE expert parameters (PEFT's target_parameters): each expert's gate_proj
 // and up_proj train one shared A, the published revision exports in PEFT's fused layout, and the
 // per-expert export shows the shared A under both parts.
 TEST(TrainerStore, FusedExpertParametersTrainAndExportInPeftLayout) {
   TempDir model_dir, dir, out_fused, out_per_expert;
-  auto config = ReadModelConfig(std::string(LORADB_SOURCE_DIR) + "/compute/configs/tiny-moe.json");
-  ASSERT_TRUE(config.ok()) << config.status();
-  ASSERT_TRUE(model::WriteRandomCheckpoint(*config, model_dir.path(), 7, at::kFloat, 0.02).ok());
-  auto model = model::Qwen3Model::Load(model_dir.path());
+  auto model = TinyMoeModel(model_dir);
   ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& c = (*model)->config();
   int64_t moe_layers = 0;
@@ -293,10 +299,7 @@ TEST(TrainerStore, FusedExpertParametersRefusedWhereTheBaseLacksThem) {
 // --layout per-expert writes it.
 TEST(TrainerStore, PerExpertMoeLoraExportsOnlyWhenAskedForByName) {
   TempDir model_dir, dir, out_default, out_per_expert;
-  auto config = ReadModelConfig(std::string(LORADB_SOURCE_DIR) + "/compute/configs/tiny-moe.json");
-  ASSERT_TRUE(config.ok()) << config.status();
-  ASSERT_TRUE(model::WriteRandomCheckpoint(*config, model_dir.path(), 7, at::kFloat, 0.02).ok());
-  auto model = model::Qwen3Model::Load(model_dir.path());
+  auto model = TinyMoeModel(model_dir);
   ASSERT_TRUE(model.ok()) << model.status();
   PolicyOptions o = Opts("acme/per-expert");
   o.lora.target_modules = {"q_proj", "gate_proj", "up_proj", "down_proj"};
