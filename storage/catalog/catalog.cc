@@ -269,7 +269,8 @@ absl::StatusOr<PolicyRecord> TxnCreatePolicy(MDB_txn* txn, const Catalog::Dbis& 
   p.created_us = now;
   p.next_seq = 1;
   U64Key id(p.id);
-  st = Put(txn, d.policies, StrVal(name), id.val(), MDB_NOOVERWRITE, "put policy name");
+  catalog_lmdb::PolicyNameKey name_key(name);
+  st = Put(txn, d.policies, name_key.val(), id.val(), MDB_NOOVERWRITE, "put policy name");
   if (absl::IsAlreadyExists(st)) {
     return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
   }

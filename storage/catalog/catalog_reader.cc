@@ -131,7 +131,8 @@ absl::StatusOr<uint64_t> TxnPolicyIdByName(MDB_txn* txn, const Catalog::Dbis& d,
   // A name no policy can have is refused before it reaches LMDB (an empty key is an LMDB error).
   LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
   MDB_val v;
-  absl::Status st = Get(txn, d.policies, StrVal(name), &v, "policy");
+  PolicyNameKey key(name);
+  absl::Status st = Get(txn, d.policies, key.val(), &v, "policy");
   if (absl::IsNotFound(st)) {
     return absl::NotFoundError(absl::StrCat("no policy named '", name, "'"));
   }

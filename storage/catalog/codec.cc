@@ -317,7 +317,7 @@ namespace {
 
 absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b) {
   RevisionTables t;
-  // A v4 catalog holds layout 2 only (migration rewrites older records), so that is tried first:
+  // A v4+ catalog holds layout 2 only (migration rewrites older records), so that is tried first:
   // one verification. Layout 1 never stores version 2 (it leaves the field out), so a layout-1
   // record cannot pass as layout 2 even where its bytes happen to verify as one.
   {

@@ -147,6 +147,19 @@ void MigrateFixtureAndCompare(uint32_t version, const char* regen_env) {
   EXPECT_EQ(*ReadStoreSchemaVersion(dir), kCatalogSchemaVersion);
   EXPECT_EQ(maint_test::VerifyProblems(dir), "");
   EXPECT_EQ(Records(dir), expected);
+  // Every policy is found by its name in the migrated name index.
+  StoreOptions o;
+  o.create_if_missing = false;
+  auto s = Store::Open(dir, o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto policies = (*s)->catalog().ListPolicies();
+  ASSERT_TRUE(policies.ok());
+  ASSERT_FALSE(policies->empty());
+  for (const PolicyRecord& p : *policies) {
+    auto by_name = (*s)->catalog().GetPolicy(p.name);
+    ASSERT_TRUE(by_name.ok()) << p.name << ": " << by_name.status();
+    EXPECT_EQ(by_name->id, p.id);
+  }
 }
 
 TEST(V3Fixture, MigratesAndReadsIdentically) {
