@@ -363,11 +363,34 @@ absl::StatusOr<RevisionState> DecodeRevisionState(Bytes bytes) {
   return static_cast<RevisionState>(t->v2 != nullptr ? t->v2->fixed()->state() : t->v1->state());
 }
 
-std::string EncodeAliasLogEntry(const AliasLogEntry& r) {
+namespace {
+
+// The catalog's own alias-move reasons, by their reason_kind.
+constexpr std::pair<fb::AliasReason, const char*> kAliasReasons[] = {
+    {fb::AliasReason::Publish, "publish"},
+    {fb::AliasReason::Set, "set"},
+    {fb::AliasReason::Rollback, "rollback"},
+};
+
+std::string EncodeAliasLogEntry(const AliasLogEntry& r, bool reason_kinds) {
+  fb::AliasReason kind = fb::AliasReason::Other;
+  if (reason_kinds) {
+    for (const auto& [k, name] : kAliasReasons) {
+      if (r.reason == name) kind = k;
+    }
+  }
   FlatBufferBuilder b(128);
-  auto reason = Str(b, r.reason);
-  b.Finish(fb::CreateAliasLogEntry(b, 1, r.time_us, r.from_revision, r.to_revision, reason));
+  auto reason = kind == fb::AliasReason::Other ? Str(b, r.reason) : Offset<flatbuffers::String>();
+  b.Finish(fb::CreateAliasLogEntry(b, 1, r.time_us, r.from_revision, r.to_revision, reason, kind));
   return Finish(b);
+}
+
+}  // namespace
+
+std::string EncodeAliasLogEntry(const AliasLogEntry& r) { return EncodeAliasLogEntry(r, true); }
+
+std::string EncodeAliasLogEntryLayout1(const AliasLogEntry& r) {
+  return EncodeAliasLogEntry(r, false);
 }
 
 absl::StatusOr<AliasLogEntry> DecodeAliasLogEntry(Bytes bytes) {
@@ -378,6 +401,9 @@ absl::StatusOr<AliasLogEntry> DecodeAliasLogEntry(Bytes bytes) {
   r.from_revision = (*root)->from_revision();
   r.to_revision = (*root)->to_revision();
   r.reason = Str((*root)->reason());
+  for (const auto& [kind, name] : kAliasReasons) {
+    if ((*root)->reason_kind() == kind) r.reason = name;
+  }
   return r;
 }
 

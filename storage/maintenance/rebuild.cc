@@ -675,7 +675,7 @@ absl::Status WriteV1Catalog(const std::string& store_dir, const V1Catalog& cat, 
     std::string k = BE64(e.policy_id);
     k.push_back(static_cast<char>(e.alias.size()));
     k += e.alias + BE64(e.number);
-    log.push_back({k, codec::EncodeAliasLogEntry(e.entry)});
+    log.push_back({k, codec::EncodeAliasLogEntryLayout1(e.entry)});
   }
   std::sort(log.begin(), log.end());
   for (const auto& [k, v] : log) LORADB_RETURN_IF_ERROR(app.Append(kAliasLog, Val(k), Val(v)));
