@@ -301,10 +301,6 @@ RevisionRecord RevisionFromLayout2(const fb::RevisionV2& v, uint64_t id) {
   return r;
 }
 
-}  // namespace
-
-namespace {
-
 // FlatBuffers' verifier for a layout-2 record with every helper it calls inlined into this one
 // function (`flatten`): the same checks, about half the time of the out-of-line calls, on the
 // path every revision lookup takes.
