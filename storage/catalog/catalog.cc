@@ -269,7 +269,8 @@ absl::StatusOr<PolicyRecord> TxnCreatePolicy(MDB_txn* txn, const Catalog::Dbis& 
   p.created_us = now;
   p.next_seq = 1;
   U64Key id(p.id);
-  st = Put(txn, d.policies, StrVal(name), id.val(), MDB_NOOVERWRITE, "put policy name");
+  catalog_lmdb::PolicyNameKey name_key(name);
+  st = Put(txn, d.policies, name_key.val(), id.val(), MDB_NOOVERWRITE, "put policy name");
   if (absl::IsAlreadyExists(st)) {
     return absl::AlreadyExistsError(absl::StrCat("policy '", name, "' already exists"));
   }
@@ -625,8 +626,9 @@ CatalogReadSlot* Catalog::AcquireReadSlot(int* rc) const {
 }
 
 void Catalog::ReleaseReadSlot(CatalogReadSlot* slot) const {
-  // Views made in this transaction die here, before its pages can be reused.
-  slot->epoch.fetch_add(1, std::memory_order_release);
+  // Views made in this transaction die here, before its pages can be reused. Only the thread
+  // holding the slot writes its epoch, so a plain store (no read-modify-write) is enough.
+  slot->epoch.store(slot->epoch.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   mdb_txn_reset(slot->txn);
   CatalogReadSlot* none = nullptr;
   if (hot_slot_.compare_exchange_strong(none, slot, std::memory_order_release)) return;
@@ -666,7 +668,7 @@ absl::Status Catalog::GrowMap(uint64_t at_least) {
 }
 
 absl::Status Catalog::ViewInSlot(
-    const std::function<absl::Status(MDB_txn*, const CatalogReadSlot*)>& fn) const {
+    absl::FunctionRef<absl::Status(MDB_txn*, const CatalogReadSlot*)> fn) const {
   for (int attempt = 0; attempt < 4; ++attempt) {
     {
       ReaderMutexLock lock(&resize_mu_);
@@ -684,11 +686,11 @@ absl::Status Catalog::ViewInSlot(
   return absl::InternalError("catalog: map kept resizing under a reader");
 }
 
-absl::Status Catalog::View(const std::function<absl::Status(MDB_txn*)>& fn) const {
+absl::Status Catalog::View(absl::FunctionRef<absl::Status(MDB_txn*)> fn) const {
   return ViewInSlot([&](MDB_txn* txn, const CatalogReadSlot*) { return fn(txn); });
 }
 
-absl::Status Catalog::Read(const std::function<absl::Status(const CatalogReader&)>& fn) const {
+absl::Status Catalog::Read(absl::FunctionRef<absl::Status(const CatalogReader&)> fn) const {
   return ViewInSlot([&](MDB_txn* txn, const CatalogReadSlot* slot) -> absl::Status {
     CatalogReader::State state;
     state.txn = txn;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -294,7 +295,7 @@ class Catalog {
   // return zero-copy views (above). Returns fn's status, or the error of beginning the
   // transaction. `fn` must not write to the catalog (a write would wait for a map resize this
   // transaction blocks) and should not wait on I/O: the snapshot pins pages until it returns.
-  [[nodiscard]] absl::Status Read(const std::function<absl::Status(const CatalogReader&)>& fn) const;
+  [[nodiscard]] absl::Status Read(absl::FunctionRef<absl::Status(const CatalogReader&)> fn) const;
   // Calls `fn` for every revision record in id order inside one read transaction, without
   // decoding into RevisionRecord (for scans). `fn` gets the id and the raw FlatBuffers bytes.
   [[nodiscard]] absl::Status ScanRevisionsRaw(
@@ -369,10 +370,10 @@ class Catalog {
   // transaction open and runs `fn` again.
   [[nodiscard]] absl::Status Update(const std::function<absl::Status(MDB_txn*)>& fn);
   // Runs `fn` in a short read transaction (a renewed one from the pool).
-  [[nodiscard]] absl::Status View(const std::function<absl::Status(MDB_txn*)>& fn) const;
+  [[nodiscard]] absl::Status View(absl::FunctionRef<absl::Status(MDB_txn*)> fn) const;
   // View, also handing `fn` the pool slot of the transaction (views record it).
   [[nodiscard]] absl::Status ViewInSlot(
-      const std::function<absl::Status(MDB_txn*, const CatalogReadSlot*)>& fn) const;
+      absl::FunctionRef<absl::Status(MDB_txn*, const CatalogReadSlot*)> fn) const;
   [[nodiscard]] absl::Status GrowMap(uint64_t at_least) ABSL_LOCKS_EXCLUDED(resize_mu_);
   // options_.clock, or the system clock (unix microseconds).
   int64_t Now() const;

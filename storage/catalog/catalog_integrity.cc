@@ -62,7 +62,14 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
       size_t names = 0;
       for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
         ++names;
-        const std::string name(static_cast<const char*>(k.mv_data), k.mv_size);
+        const char* name_data = nullptr;
+        size_t name_size = 0;
+        if (!catalog_keys::GetPolicyNameKey(k.mv_data, k.mv_size, &name_data, &name_size)) {
+          problem(absl::StrCat("policy name key of ", k.mv_size,
+                               " bytes does not start with its length"));
+          continue;
+        }
+        const std::string name(name_data, name_size);
         auto it = v.mv_size == 8 ? policies.find(GetBE64(v.mv_data)) : policies.end();
         if (it == policies.end() || it->second.name != name) {
           problem(absl::StrCat("policy name '", name, "' maps to a missing or different policy"));

@@ -50,10 +50,11 @@ absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes, u
 absl::StatusOr<RevisionView> TxnRevisionView(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,
                                              CatalogViewScope& scope) {
   U64Key k(id);
-  MDB_val v;
-  absl::Status st = Get(txn, d.revisions, k.val(), &v, "revision");
-  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no revision with id ", id));
-  LORADB_RETURN_IF_ERROR(st);
+  MDB_val key = k.val(), v;
+  // mdb_get's code is checked directly: no status is built on the (hot) found path.
+  const int rc = mdb_get(txn, d.revisions, &key, &v);
+  if (rc == MDB_NOTFOUND) return absl::NotFoundError(absl::StrCat("no revision with id ", id));
+  if (rc != 0) return LmdbError(rc, "revision");
   return ViewRevisionBytes(ValBytes(v), id, scope);
 }
 
@@ -130,7 +131,8 @@ absl::StatusOr<uint64_t> TxnPolicyIdByName(MDB_txn* txn, const Catalog::Dbis& d,
   // A name no policy can have is refused before it reaches LMDB (an empty key is an LMDB error).
   LORADB_RETURN_IF_ERROR(ValidatePolicyName(name));
   MDB_val v;
-  absl::Status st = Get(txn, d.policies, StrVal(name), &v, "policy");
+  PolicyNameKey key(name);
+  absl::Status st = Get(txn, d.policies, key.val(), &v, "policy");
   if (absl::IsNotFound(st)) {
     return absl::NotFoundError(absl::StrCat("no policy named '", name, "'"));
   }

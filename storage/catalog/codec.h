@@ -19,7 +19,11 @@ std::string EncodeRevision(const RevisionRecord& r);
 // The same record in layout 1 (id stored), as schema v1-v3 stores hold it (for the writers of
 // old-version stores that migration tests start from).
 std::string EncodeRevisionLayout1(const RevisionRecord& r);
+// Alias log entries as schema v5 writes them: the reasons "publish", "set" and "rollback" as one
+// byte (reason_kind), any other as its string.
 std::string EncodeAliasLogEntry(const AliasLogEntry& r);
+// The same entry with the reason always as a string, as schema v1-v4 stores hold it.
+std::string EncodeAliasLogEntryLayout1(const AliasLogEntry& r);
 std::string EncodeCheckpoint(const CheckpointRecord& r);
 std::string EncodeBlob(const BlobRecord& r);
 

@@ -148,6 +148,16 @@ struct U128Key {
   std::array<uint8_t, 16> b;
 };
 
+// A policy name's `policies` key (catalog_keys::PutPolicyNameKey), on the stack. `name` must be
+// a valid policy name (at most 128 bytes).
+struct PolicyNameKey {
+  explicit PolicyNameKey(absl::string_view name)
+      : size(catalog_keys::PutPolicyNameKey(name.data(), name.size(), b.data())) {}
+  MDB_val val() { return {size, b.data()}; }
+  std::array<uint8_t, catalog_keys::kMaxPolicyNameKey> b;
+  size_t size;
+};
+
 inline MDB_val StrVal(const std::string& s) { return {s.size(), const_cast<char*>(s.data())}; }
 
 inline std::span<const uint8_t> ValBytes(const MDB_val& v) {

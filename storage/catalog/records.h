@@ -22,9 +22,12 @@ namespace loradb {
 // longer rewrites the policy record, and the next seq is the larger of the record's and one past
 // the highest seq in the policy's revision index (a v2 binary would reuse seqs, hence the bump).
 // v4 stores revision records in layout 2 (schema/catalog.fbs RevisionV2: the fixed-size fields in
-// one struct, the id left to the key), about 25% smaller and verified with fewer checks.
+// one struct, the id left to the key), about 25% smaller and verified with fewer checks. v5 keys
+// the `policies` name index by the name's length and then the name (catalog_keys::
+// PutPolicyNameKey): names that count up are appended instead of splitting pages in half, and
+// writes alias log entries with the catalog's own reasons as one byte (AliasLogEntry.reason_kind).
 // storage/maintenance migrates older stores forward.
-inline constexpr uint32_t kCatalogSchemaVersion = 4;
+inline constexpr uint32_t kCatalogSchemaVersion = 5;
 
 struct Architecture {
   std::string family;  // HF model_type ("qwen3", "qwen3_moe") or "custom"

@@ -502,6 +502,11 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
                                        " revision records: layout 2 (fixed fields in one struct, "
                                        "the id left to the key)"));
   }
+  if (rep.from_version < 5) {
+    rep.changes.push_back(absl::StrCat(plan.policies,
+                                       " policy names: keyed by length, then name (names that "
+                                       "count up are appended)"));
+  }
   LORADB_RETURN_IF_ERROR(
       FinishGeneration(p, plan, options.dry_run, options.drop_previous, t0, &rep));
   return rep;

@@ -495,7 +495,31 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     if (rc != MDB_NOTFOUND) return Lmdb(rc, absl::StrCat("scan ", kDbs[db].name));
     return absl::OkStatus();
   };
-  for (size_t db : {kMeta, kBases, kPolicies}) LORADB_RETURN_IF_ERROR(copy_db(db));
+  for (size_t db : {kMeta, kBases}) LORADB_RETURN_IF_ERROR(copy_db(db));
+  if (out.source_version < 5 && spec.target_version >= 5) {
+    // Schema v5 keys the name index by length, then name: a different order, so the entries
+    // are re-keyed and sorted before they are appended.
+    std::vector<std::pair<std::string, std::string>> names;
+    Cursor c(rtxn.get(), sdbi[kPolicies]);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    int rc;
+    for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+      if (k.mv_size > 255) return absl::DataLossError("catalog: policy name key is too long");
+      std::string key(catalog_keys::kMaxPolicyNameKey, '\0');
+      key.resize(catalog_keys::PutPolicyNameKey(static_cast<const char*>(k.mv_data), k.mv_size,
+                                                reinterpret_cast<uint8_t*>(key.data())));
+      names.emplace_back(std::move(key),
+                         std::string(static_cast<const char*>(v.mv_data), v.mv_size));
+    }
+    if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan policies");
+    std::sort(names.begin(), names.end());
+    for (const auto& [key, value] : names) {
+      LORADB_RETURN_IF_ERROR(app.Append(kPolicies, Val(key), Val(value)));
+    }
+  } else {
+    LORADB_RETURN_IF_ERROR(copy_db(kPolicies));
+  }
   {
     // Schema v3 reads a policy's next seq as max(record, highest indexed seq + 1), and the
     // rebuild may drop the index entries of deleted revisions: the record carries the source's
@@ -651,7 +675,7 @@ absl::Status WriteV1Catalog(const std::string& store_dir, const V1Catalog& cat, 
     std::string k = BE64(e.policy_id);
     k.push_back(static_cast<char>(e.alias.size()));
     k += e.alias + BE64(e.number);
-    log.push_back({k, codec::EncodeAliasLogEntry(e.entry)});
+    log.push_back({k, codec::EncodeAliasLogEntryLayout1(e.entry)});
   }
   std::sort(log.begin(), log.end());
   for (const auto& [k, v] : log) LORADB_RETURN_IF_ERROR(app.Append(kAliasLog, Val(k), Val(v)));

@@ -127,5 +127,33 @@ TEST(CatalogCodecTest, RevisionLayoutsReadTheSame) {
   EXPECT_EQ(*DecodeRevisionState(At(AtEveryOffset(v2)[0], 0, v2.size())), RevisionState::kDeleted);
 }
 
+// Schema v5 stores the catalog's own alias-move reasons as one byte and any other reason as its
+// string; entries of older stores (always a string) read the same.
+TEST(CatalogCodecTest, AliasLogReasonsReadTheSameInBothForms) {
+  for (const char* reason : {"publish", "set", "rollback", "promote", "", "Publish"}) {
+    AliasLogEntry e;
+    e.time_us = 1700000000000003;
+    e.from_revision = 4;
+    e.to_revision = 5;
+    e.reason = reason;
+    const std::string v5 = EncodeAliasLogEntry(e);
+    const std::string old = EncodeAliasLogEntryLayout1(e);
+    const bool own = e.reason == "publish" || e.reason == "set" || e.reason == "rollback";
+    if (own) {
+      EXPECT_LT(v5.size(), old.size()) << reason;  // no string, no offset
+    } else {
+      EXPECT_EQ(v5, old) << reason;
+    }
+    for (const std::string* bytes : {&v5, &old}) {
+      auto d = DecodeAliasLogEntry(At(AtEveryOffset(*bytes)[3], 3, bytes->size()));
+      ASSERT_TRUE(d.ok()) << reason << ": " << d.status();
+      EXPECT_EQ(d->reason, reason);
+      EXPECT_EQ(d->time_us, e.time_us);
+      EXPECT_EQ(d->from_revision, 4u);
+      EXPECT_EQ(d->to_revision, 5u);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loradb::catalog_codec

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "storage/util/file_util.h"
 #include "tests/test_util.h"
 
@@ -507,6 +508,44 @@ TEST_F(CatalogTest, SpaceAccountsForEveryUsedPage) {
   EXPECT_GT(by_name.at("revisions").key_value_bytes, 300u * 100);
   EXPECT_GT(by_name.at("revisions").leaf_pages, 1u);
   EXPECT_GT(by_name.at("revisions").depth, 1u);
+}
+
+// Policy names are keyed by length, then name (schema v5), so names that count up, created in
+// that order, go in at the end of the name index and its pages are filled. Keyed by the bare
+// name, "tenant10/support" sorts between "tenant1/support" and "tenant2/support", and LMDB's
+// half splits left the pages of this sequence about half empty (16 leaves here instead of 9).
+TEST(CatalogNames, NamesThatCountUpFillTheNameIndex) {
+  TempDir dir;
+  CatalogOptions o;
+  o.no_sync = true;
+  auto c = Catalog::Open(dir.path(), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  Catalog& cat = **c;
+  ASSERT_TRUE(cat.PutBase(TinyBase()).ok());
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(cat.CreatePolicy(absl::StrCat("tenant", i, "/support"), "tiny").ok()) << i;
+  }
+  for (int i : {0, 1, 9, 10, 11, 99, 100, 101, 999}) {
+    auto p = cat.GetPolicy(absl::StrCat("tenant", i, "/support"));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->id, static_cast<uint64_t>(i) + 1);
+  }
+  EXPECT_TRUE(absl::IsNotFound(cat.GetPolicy("tenant1000/support").status()));
+  EXPECT_TRUE(absl::IsNotFound(cat.GetPolicy("tenant1").status()));
+  auto integrity = cat.CheckIntegrity();
+  ASSERT_TRUE(integrity.ok());
+  EXPECT_TRUE(integrity->problems.empty()) << integrity->problems.front();
+  auto space = cat.Space();
+  ASSERT_TRUE(space.ok()) << space.status();
+  for (const CatalogDbSpace& db : space->dbs) {
+    if (db.name != "policies") continue;
+    ASSERT_EQ(db.entries, 1000u);
+    // Every entry packed: key + value + LMDB's 8-byte node header and 2-byte slot, in pages
+    // of page_size - 16 bytes; one page of slack.
+    const uint64_t usable = space->page_size - 16;
+    const uint64_t packed_leaves = (db.key_value_bytes + 10 * db.entries + usable - 1) / usable;
+    EXPECT_LE(db.leaf_pages, packed_leaves + 1) << "packed: " << packed_leaves;
+  }
 }
 
 TEST_F(CatalogTest, ConcurrentReadersDuringWrites) {

@@ -1,9 +1,11 @@
-// The checked-in schema-v3 fixture (tests/storage/fixtures/v3_store): real v3 bytes (revision
-// records in layout 1, with every revision field in use), written once by the v3 build, and
-// every record as that build read it through the API (fixtures/v3_records.txt). Migrating the
-// fixture forward must read back exactly those records. To rewrite both (only with a build whose
-// schema version is 3):
+// The checked-in schema-v3 and v4 fixtures (tests/storage/fixtures/v3_store, v4_store): real
+// bytes of each version (v3: revision records in layout 1; v4: layout 2, policy names as raw
+// keys), written once by the build of that version from the same rich store (every revision
+// field in use), and every record as that build read it through the API
+// (fixtures/vN_records.txt). Migrating a fixture forward must read back exactly those records.
+// To rewrite one (only with a build whose schema version is N):
 //   LORADB_WRITE_V3_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V3Fixture.*'
+//   LORADB_WRITE_V4_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V4Fixture.*'
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "storage/maintenance/maintenance.h"
 #include "storage/store/record_json.h"
 #include "storage/store/store.h"
@@ -22,10 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::loradb::testing::TempDir;
-
-const std::string kV3Fixture = std::string(LORADB_SOURCE_DIR) + "/tests/storage/fixtures/v3_store";
-const std::string kV3Records =
-    std::string(LORADB_SOURCE_DIR) + "/tests/storage/fixtures/v3_records.txt";
 
 // The standard maintenance store plus revisions that use every field a revision record holds:
 // a trained one (checkpoint, step, parent, rank and alpha patterns, rslora, evals) and an
@@ -118,29 +117,57 @@ std::string ReadText(const std::string& path) {
   return ss.str();
 }
 
-TEST(V3Fixture, MigratesAndReadsIdentically) {
-  const char* regen = std::getenv("LORADB_WRITE_V3_FIXTURE");
+// Rewrites the version-`version` fixture when `regen_env` is "1" (a build of that version
+// only), then migrates a copy forward and checks verify and every record against the fixture's.
+void MigrateFixtureAndCompare(uint32_t version, const char* regen_env) {
+  const std::string fixture =
+      absl::StrCat(LORADB_SOURCE_DIR, "/tests/storage/fixtures/v", version, "_store");
+  const std::string records =
+      absl::StrCat(LORADB_SOURCE_DIR, "/tests/storage/fixtures/v", version, "_records.txt");
+  const char* regen = std::getenv(regen_env);
   if (regen != nullptr && std::string(regen) == "1") {
-    ASSERT_EQ(kCatalogSchemaVersion, 3u) << "the v3 fixture is written by a v3 build only";
-    fs::remove_all(kV3Fixture);
-    WriteRichStore(kV3Fixture);
-    std::ofstream(kV3Records) << Records(kV3Fixture);
-    fs::remove(kV3Fixture + "/catalog/lock.mdb");
-    fs::remove(kV3Fixture + "/LOCK");
+    ASSERT_EQ(kCatalogSchemaVersion, version)
+        << "the v" << version << " fixture is written by a v" << version << " build only";
+    fs::remove_all(fixture);
+    WriteRichStore(fixture);
+    std::ofstream(records) << Records(fixture);
+    fs::remove(fixture + "/catalog/lock.mdb");
+    fs::remove(fixture + "/LOCK");
   }
-  const std::string expected = ReadText(kV3Records);
+  const std::string expected = ReadText(records);
   ASSERT_FALSE(expected.empty());
   TempDir t;
   const std::string dir = t.file("store");
-  maint_test::CopyTree(kV3Fixture, dir);
-  ASSERT_EQ(*ReadStoreSchemaVersion(dir), 3u);
+  maint_test::CopyTree(fixture, dir);
+  ASSERT_EQ(*ReadStoreSchemaVersion(dir), version);
   auto rep = MigrateStore(dir, {});
   ASSERT_TRUE(rep.ok()) << rep.status();
-  EXPECT_EQ(rep->from_version, 3u);
+  EXPECT_EQ(rep->from_version, version);
   EXPECT_EQ(rep->to_version, kCatalogSchemaVersion);
   EXPECT_EQ(*ReadStoreSchemaVersion(dir), kCatalogSchemaVersion);
   EXPECT_EQ(maint_test::VerifyProblems(dir), "");
   EXPECT_EQ(Records(dir), expected);
+  // Every policy is found by its name in the migrated name index.
+  StoreOptions o;
+  o.create_if_missing = false;
+  auto s = Store::Open(dir, o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto policies = (*s)->catalog().ListPolicies();
+  ASSERT_TRUE(policies.ok());
+  ASSERT_FALSE(policies->empty());
+  for (const PolicyRecord& p : *policies) {
+    auto by_name = (*s)->catalog().GetPolicy(p.name);
+    ASSERT_TRUE(by_name.ok()) << p.name << ": " << by_name.status();
+    EXPECT_EQ(by_name->id, p.id);
+  }
+}
+
+TEST(V3Fixture, MigratesAndReadsIdentically) {
+  MigrateFixtureAndCompare(3, "LORADB_WRITE_V3_FIXTURE");
+}
+
+TEST(V4Fixture, MigratesAndReadsIdentically) {
+  MigrateFixtureAndCompare(4, "LORADB_WRITE_V4_FIXTURE");
 }
 
 }  // namespace

@@ -297,7 +297,7 @@ TEST(Migrate, V1StoreMovesForward) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->from_version, 1u);
   EXPECT_EQ(plan->to_version, kCatalogSchemaVersion);
-  ASSERT_EQ(plan->changes.size(), 4u);
+  ASSERT_EQ(plan->changes.size(), 5u);
   EXPECT_EQ(plan->index_entries, 4u);
   EXPECT_EQ(*ReadStoreSchemaVersion(dir), 1u);  // dry run: unchanged
 
@@ -434,9 +434,10 @@ TEST(V2Fixture, MigratesAndKeepsEverySeq) {
   ASSERT_TRUE(rep.ok()) << rep.status();
   EXPECT_EQ(rep->from_version, 2u);
   EXPECT_EQ(rep->to_version, kCatalogSchemaVersion);
-  ASSERT_EQ(rep->changes.size(), 3u);
+  ASSERT_EQ(rep->changes.size(), 4u);
   EXPECT_NE(rep->changes[1].find("next_seq"), std::string::npos) << rep->changes[1];
   EXPECT_NE(rep->changes[2].find("layout 2"), std::string::npos) << rep->changes[2];
+  EXPECT_NE(rep->changes[3].find("policy names"), std::string::npos) << rep->changes[3];
   EXPECT_EQ(*ReadStoreSchemaVersion(dir), kCatalogSchemaVersion);
   EXPECT_EQ(VerifyProblems(dir), "");
   auto snap = Snapshot(dir);

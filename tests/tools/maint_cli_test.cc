@@ -50,7 +50,7 @@ TEST(MaintCli, CompactVerifyAndCorruption) {
   CliRun v = Loradb(dir, "verify --json");
   ASSERT_EQ(v.status, 0) << v.out;
   EXPECT_TRUE(LastJson(v.out)["ok"].get<bool>());
-  EXPECT_EQ(LastJson(v.out)["schema_version"].get<int>(), 4);
+  EXPECT_EQ(LastJson(v.out)["schema_version"].get<int>(), 5);
 
   CliRun dry = Loradb(dir, "compact --dry-run --json");
   ASSERT_EQ(dry.status, 0) << dry.out;
@@ -96,7 +96,7 @@ TEST(MaintCli, BusyStoreAndMigrate) {
   CliRun dry = Loradb(dir, "migrate --dry-run --json");
   ASSERT_EQ(dry.status, 0) << dry.out;
   EXPECT_EQ(LastJson(dry.out)["from_version"].get<int>(), 1);
-  EXPECT_EQ(LastJson(dry.out)["changes"].size(), 4u);
+  EXPECT_EQ(LastJson(dry.out)["changes"].size(), 5u);  // the version + one per step
   {
     auto held = StoreLock::Acquire(dir, StoreLock::Mode::kShared);
     ASSERT_TRUE(held.ok());
@@ -107,7 +107,8 @@ TEST(MaintCli, BusyStoreAndMigrate) {
   }
   CliRun m = Loradb(dir, "migrate");
   ASSERT_EQ(m.status, 0) << m.out;
-  EXPECT_NE(m.out.find("schema 1 -> 4"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("schema 1 -> 5"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("policy names: keyed by length, then name"), std::string::npos) << m.out;
   CliRun again = Loradb(dir, "migrate");
   ASSERT_EQ(again.status, 0) << again.out;
   EXPECT_NE(again.out.find("nothing to do"), std::string::npos) << again.out;
