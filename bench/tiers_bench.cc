@@ -892,16 +892,13 @@ absl::Status RunDedup(const Flags& f) {
 absl::StatusOr<nlohmann::json> PythonSafetensors(const std::string& path, int reps, bool cold) {
   const std::string script = absl::StrCat(LORADB_SOURCE_DIR, "/bench/safetensors_read.py");
   std::string cmd = absl::StrCat("python3 ", script, " ", path, " ", reps, " ", cold ? 1 : 0);
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return ErrnoToStatus(errno, "popen python3");
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  int rc = ::pclose(pipe);
-  if (rc != 0) return absl::InternalError(absl::StrCat("python3 ", script, " failed (", rc, ")"));
-  auto j = nlohmann::json::parse(out, nullptr, false);
-  if (j.is_discarded()) return absl::InternalError(absl::StrCat("bad python output: ", out));
-  return j;
+  LORADB_ASSIGN_OR_RETURN(JsonCommandResult r, RunJsonCommand(cmd, "read_s"));
+  if (r.exit_status != 0) {
+    return absl::InternalError(
+        absl::StrCat("python3 ", script, " failed (exit status ", r.exit_status, ")"));
+  }
+  if (r.last_object.is_null()) return absl::InternalError(cmd + " printed no measurement");
+  return r.last_object;
 }
 
 struct ReadTimes {

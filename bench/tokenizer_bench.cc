@@ -48,18 +48,13 @@ absl::StatusOr<nlohmann::json> RunReference(const std::string& dir, const Option
   const std::string script = absl::StrCat(SourceDir(), "/bench/tokenizer_reference.py");
   const std::string cmd = absl::StrCat("RAYON_NUM_THREADS=1 python3 '", script, "' '", dir, "' ",
                                        o.vocab, " ", o.texts, " ", o.reps);
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError("cannot start python3");
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  if (::pclose(pipe) != 0) {
+  LORADB_ASSIGN_OR_RETURN(JsonCommandResult r, RunJsonCommand(cmd, "tokens"));
+  if (r.exit_status != 0) {
     return absl::FailedPreconditionError(
         "python3 with the tokenizers package failed (is `tokenizers` installed?)");
   }
-  auto j = nlohmann::json::parse(out, nullptr, false);
-  if (j.is_discarded()) return absl::InternalError("bad output from the reference: " + out);
-  return j;
+  if (r.last_object.is_null()) return absl::InternalError(cmd + " printed no measurement");
+  return r.last_object;
 }
 
 absl::Status Run(const std::vector<std::string>& args) {

@@ -362,25 +362,16 @@ absl::Status RunConcurrent(const Flags& f) {
                      " --prompts ", f.prompts, " --group ", f.group, " --sliced-micro-batches ",
                      f.sliced_micro_batches, " --workers ", f.workers, " --cohort ", f.cohort,
                      " --child-mode ", mode, " --child-base '", scratch.path(), "'");
-    FILE* pipe = ::popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return absl::InternalError("cannot start " + cmd);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-    const int rc = ::pclose(pipe);
-    if (rc != 0) return absl::InternalError(absl::StrCat(cmd, " failed (status ", rc, ")"));
-    std::istringstream lines(out);
-    std::string line;
-    while (std::getline(lines, line)) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.contains("wall_s") || !j.contains("peak_rss_bytes")) continue;
-      *seconds = j["wall_s"].get<double>();
-      *rss = j["peak_rss_bytes"].get<int64_t>();
-      Emit(j);
-      return absl::OkStatus();
+    LORADB_ASSIGN_OR_RETURN(JsonCommandResult r, RunJsonCommand(cmd, "wall_s"));
+    if (r.exit_status != 0) {
+      return absl::InternalError(absl::StrCat(cmd, " failed (exit status ", r.exit_status, ")"));
     }
-    return absl::InternalError(cmd + " printed no measurement");
+    const nlohmann::json& j = r.last_object;
+    if (!j.contains("peak_rss_bytes")) return absl::InternalError(cmd + " printed no measurement");
+    *seconds = j["wall_s"].get<double>();
+    *rss = j["peak_rss_bytes"].get<int64_t>();
+    Emit(j);
+    return absl::OkStatus();
   };
   const double load0 = LoadAverage1m();
   // The sequential arm gets the cores the time-sliced arm's workers use, as intra-op threads:
