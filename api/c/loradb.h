@@ -531,12 +531,36 @@ LORADB_EXPORT loradb_status_t loradb_revision_delete(loradb_store_t* store, uint
 LORADB_EXPORT loradb_status_t loradb_revision_read_tensors(loradb_store_t* store, uint64_t id,
                                                            loradb_tensors_t** out, char** errmsg);
 
-/* Writes a revision as a PEFT directory (adapter_config.json + adapter_model.safetensors).
+/* Writes a revision as a PEFT directory (adapter_config.json + adapter_model.safetensors), in
+ * the adapter's own layout (LORADB_PEFT_LAYOUT_AS_IMPORTED below).
  * Returns: LORADB_OK; LORADB_INVALID_ARGUMENT; LORADB_NOT_FOUND; LORADB_IO_ERROR;
- * LORADB_CORRUPT; LORADB_INVALID_HANDLE. Thread-safe. */
+ * LORADB_CORRUPT; LORADB_CONFLICT (a layout that cannot hold this revision, see
+ * loradb_revision_export_peft_layout); LORADB_INVALID_HANDLE. Thread-safe. */
 LORADB_EXPORT loradb_status_t loradb_revision_export_peft(loradb_store_t* store, uint64_t id,
                                                           const char* out_dir, size_t out_dir_len,
                                                           char** errmsg);
+
+/* The layouts of a PEFT export (`loradb export --layout`). */
+typedef enum {
+  /* The adapter's own layout, as imported or trained; LoRA on fused MoE expert parameters is
+   * written in PEFT's target_parameters layout. Per-expert LoRA on a qwen3_moe base's experts
+   * published without a PEFT config (trained by loradb, or given as tensors) is refused
+   * (LORADB_CONFLICT): peft on transformers >= 5 holds those experts as fused parameters and
+   * would skip the tensors without an error. */
+  LORADB_PEFT_LAYOUT_AS_IMPORTED = 0,
+  /* MoE expert LoRA as per-expert target_modules (experts.{e}.gate_proj, ...), the layout peft
+   * uses where experts are modules (transformers < 5). */
+  LORADB_PEFT_LAYOUT_PER_EXPERT = 1
+} loradb_peft_layout_t;
+
+/* loradb_revision_export_peft in the given layout.
+ * Returns: as loradb_revision_export_peft; LORADB_INVALID_ARGUMENT for an unknown layout.
+ * Thread-safe. */
+LORADB_EXPORT loradb_status_t loradb_revision_export_peft_layout(loradb_store_t* store, uint64_t id,
+                                                                 const char* out_dir,
+                                                                 size_t out_dir_len,
+                                                                 loradb_peft_layout_t layout,
+                                                                 char** errmsg);
 
 /* ---- tensors ------------------------------------------------------------------------------ */
 

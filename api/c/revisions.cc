@@ -278,13 +278,30 @@ loradb_status_t loradb_revision_read_tensors(loradb_store_t* store, uint64_t id,
 
 loradb_status_t loradb_revision_export_peft(loradb_store_t* store, uint64_t id, const char* out_dir,
                                             size_t out_dir_len, char** errmsg) {
+  return loradb_revision_export_peft_layout(store, id, out_dir, out_dir_len,
+                                            LORADB_PEFT_LAYOUT_AS_IMPORTED, errmsg);
+}
+
+loradb_status_t loradb_revision_export_peft_layout(loradb_store_t* store, uint64_t id,
+                                                   const char* out_dir, size_t out_dir_len,
+                                                   loradb_peft_layout_t layout, char** errmsg) {
   return Guarded(errmsg, [&]() -> loradb_status_t {
     LORADB_C_CHECK_STORE(store);
     LORADB_C_STRING(d, out_dir, out_dir_len, "out_dir");
     if (d.empty()) return Fail(LORADB_INVALID_ARGUMENT, "out_dir is empty", errmsg);
+    if (layout != LORADB_PEFT_LAYOUT_AS_IMPORTED && layout != LORADB_PEFT_LAYOUT_PER_EXPERT) {
+      return Fail(
+          LORADB_INVALID_ARGUMENT,
+          absl::StrCat("layout ", static_cast<int>(layout), " is not a loradb_peft_layout_t value"),
+          errmsg);
+    }
     absl::StatusOr<loradb::RevisionRecord> rev = store->store->GetRevision(id);
     if (!rev.ok()) return Report(rev.status(), errmsg);
-    return Report(store->store->ExportPeftDir(*rev, d), errmsg);
+    return Report(store->store->ExportPeftDir(*rev, d,
+                                              layout == LORADB_PEFT_LAYOUT_PER_EXPERT
+                                                  ? loradb::Store::PeftExportLayout::kPerExpert
+                                                  : loradb::Store::PeftExportLayout::kAsImported),
+                  errmsg);
   });
 }
 

@@ -342,6 +342,74 @@ static loradb_status_t publish_from(int call, loradb_store_t* store, const char*
 /* The checks the three publish calls share, for the two that import from a file: store handle,
  * policy, the path, `out`'s struct_size, the options; each failure names what was wrong and
  * publishes nothing. */
+/* Per-expert LoRA (no PEFT config stored) on a qwen3_moe base's experts: the default export
+ * refuses it with LORADB_CONFLICT and leaves no files; the per-expert layout writes it; an unknown
+ * layout is an invalid argument. */
+static void test_export_layouts_of_per_expert_moe_lora(void) {
+  static const char kConfig[] =
+      "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 32, \"hidden_size\": 8,"
+      " \"intermediate_size\": 16, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+      " \"num_key_value_heads\": 1, \"head_dim\": 4, \"num_experts\": 2,"
+      " \"num_experts_per_tok\": 1, \"moe_intermediate_size\": 4, \"tie_word_embeddings\": true}";
+  static float a[2][16], b[2][8];
+  static const int64_t shape_a[2] = {2, 8}, shape_b[2] = {4, 2};
+  const char* names[4] = {"base_model.model.model.layers.0.mlp.experts.0.up_proj.lora_A.weight",
+                          "base_model.model.model.layers.0.mlp.experts.0.up_proj.lora_B.weight",
+                          "base_model.model.model.layers.0.mlp.experts.1.up_proj.lora_A.weight",
+                          "base_model.model.model.layers.0.mlp.experts.1.up_proj.lora_B.weight"};
+  loradb_tensor_t t[4];
+  loradb_store_t* store = NULL;
+  loradb_revision_info_t info = info_init();
+  char path[512], config[512], dir[512], file[600];
+  char* err = NULL;
+  size_t i;
+  FILE* f;
+  for (i = 0; i < 16; ++i) a[0][i] = a[1][i] = 0.5f + (float)i;
+  for (i = 0; i < 8; ++i) b[0][i] = b[1][i] = 1.0f - (float)i;
+  memset(t, 0, sizeof(t));
+  for (i = 0; i < 4; ++i) {
+    t[i].name = names[i];
+    t[i].name_len = strlen(names[i]);
+    t[i].dtype = LORADB_DTYPE_F32;
+    t[i].shape = i % 2 == 0 ? shape_a : shape_b;
+    t[i].ndim = 2;
+    t[i].data = i % 2 == 0 ? (const void*)a[i / 2] : (const void*)b[i / 2];
+    t[i].nbytes = i % 2 == 0 ? sizeof(a[0]) : sizeof(b[0]);
+  }
+  f = fopen(path_in_tmp("moe-config.json", config, sizeof(config)), "w");
+  CHECK(f != NULL);
+  fputs(kConfig, f);
+  fclose(f);
+  path_in_tmp("moe-store", path, sizeof(path));
+  CHECK_CODE(loradb_open(path, strlen(path), NULL, &store, NULL), LORADB_OK);
+  CHECK_CODE(loradb_base_add_config(store, S("moe"), config, strlen(config), NULL, 0, &err),
+             LORADB_OK);
+  if (err != NULL) fprintf(stderr, "  base: %s\n", err);
+  loradb_free(err);
+  err = NULL;
+  CHECK_CODE(loradb_policy_create(store, S("team/moe"), S("moe"), NULL, 0, NULL, NULL), LORADB_OK);
+  CHECK_CODE(loradb_publish_tensors(store, S("team/moe"), t, 4, NULL, &info, &err), LORADB_OK);
+  if (err != NULL) fprintf(stderr, "  publish: %s\n", err);
+  loradb_free(err);
+  err = NULL;
+
+  path_in_tmp("moe-export", dir, sizeof(dir));
+  snprintf(file, sizeof(file), "%s/adapter_model.safetensors", dir);
+  CHECK_CODE(loradb_revision_export_peft(store, info.id, dir, strlen(dir), &err), LORADB_CONFLICT);
+  CHECK(err != NULL && strstr(err, "--layout per-expert") != NULL);
+  loradb_free(err);
+  err = NULL;
+  CHECK(access(file, F_OK) != 0);
+  CHECK_CODE(loradb_revision_export_peft_layout(store, info.id, dir, strlen(dir),
+                                                LORADB_PEFT_LAYOUT_PER_EXPERT, NULL),
+             LORADB_OK);
+  CHECK(access(file, R_OK) == 0);
+  CHECK_CODE(loradb_revision_export_peft_layout(store, info.id, dir, strlen(dir),
+                                                (loradb_peft_layout_t)7, NULL),
+             LORADB_INVALID_ARGUMENT);
+  CHECK_CODE(loradb_close(&store), LORADB_OK);
+}
+
 static void test_publish_from_file_misuse(void) {
   loradb_store_t* store = open_fixture();
   loradb_store_t* stale = NULL;
@@ -630,6 +698,9 @@ int main(int argc, char** argv) {
   remove_tmp();
   make_tmp();
   run_test("checkpoints_verify_export_reimport", test_checkpoints_verify_export_reimport);
+  remove_tmp();
+  make_tmp();
+  run_test("export_layouts_of_per_expert_moe_lora", test_export_layouts_of_per_expert_moe_lora);
   remove_tmp();
   make_tmp();
   run_test("publish_from_file_misuse", test_publish_from_file_misuse);
