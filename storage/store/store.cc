@@ -503,10 +503,11 @@ absl::Status Store::ExportPeftDir(const RevisionRecord& rev, const std::string& 
     // modules): transformers >= 5 holds those experts as fused parameters, and peft there
     // targets the fused parameters and skips every experts.{e}.* tensor without an error, so
     // the adapter would run with its experts unadapted. Written only when asked for by name.
-    if (layout == PeftExportLayout::kAsImported && base.arch.family == "qwen3_moe" &&
-        base.arch.num_experts > 0) {
+    const absl::StatusOr<peft::ExpertsLayout> fused = ExpertsLayoutFor(base);
+    if (layout == PeftExportLayout::kAsImported && fused.ok()) {
+      const std::string per_expert = absl::StrCat(".", fused->module, ".");
       for (const TensorView& t : tensors.tensors()) {
-        if (t.name.find(".mlp.experts.") == std::string::npos) continue;
+        if (t.name.find(per_expert) == std::string::npos) continue;
         return absl::FailedPreconditionError(absl::StrCat(
             "revision ", rev.id, " holds per-expert LoRA on the experts of qwen3_moe base '",
             base.name, "' (", t.name,
