@@ -185,6 +185,16 @@ absl::StatusOr<std::unique_ptr<model::Qwen3Model>> TinyMoeModel(const TempDir& d
   return model::Qwen3Model::Load(dir.path());
 }
 
+// Trainer policy 0 on the tiny-moe base in `model_dir`, checkpointed and published as `policy`
+// (alias "latest", fp32).
+absl::StatusOr<RevisionRecord> PublishTinyMoePolicy(Store* store, const Trainer& t,
+                                                    const TempDir& model_dir,
+                                                    const std::string& policy) {
+  LORADB_RETURN_IF_ERROR(EnsurePolicy(store, "tiny-moe", model_dir.path(), policy));
+  LORADB_ASSIGN_OR_RETURN(CheckpointRecord ck, SaveCheckpoint(store, t, 0, 0));
+  return PublishForSampling(store, t, 0, ck.id, "latest", DType::kF32);
+}
+
 // LoRA on the fused MoE expert parameters (PEFT's target_parameters): each expert's gate_proj
 // and up_proj train one shared A, the published revision exports in PEFT's fused layout, and the
 // per-expert export shows the shared A under both parts.
@@ -222,10 +232,7 @@ TEST(TrainerStore, FusedExpertParametersTrainAndExportInPeftLayout) {
 
   auto store = Store::Open(dir.path());
   ASSERT_TRUE(store.ok());
-  ASSERT_TRUE(EnsurePolicy(store->get(), "tiny-moe", model_dir.path(), "acme/experts").ok());
-  auto ck = SaveCheckpoint(store->get(), t, 0, 0);
-  ASSERT_TRUE(ck.ok()) << ck.status();
-  auto rev = PublishForSampling(store->get(), t, 0, ck->id, "latest", DType::kF32);
+  auto rev = PublishTinyMoePolicy(store->get(), t, model_dir, "acme/experts");
   ASSERT_TRUE(rev.ok()) << rev.status();
 
   // Fused (as trained): PEFT's names and shapes, the config's target_parameters kept.
@@ -307,10 +314,7 @@ TEST(TrainerStore, PerExpertMoeLoraExportsOnlyWhenAskedForByName) {
   ASSERT_TRUE(t.AddPolicy(o).ok());
   auto store = Store::Open(dir.path());
   ASSERT_TRUE(store.ok());
-  ASSERT_TRUE(EnsurePolicy(store->get(), "tiny-moe", model_dir.path(), "acme/per-expert").ok());
-  auto ck = SaveCheckpoint(store->get(), t, 0, 0);
-  ASSERT_TRUE(ck.ok()) << ck.status();
-  auto rev = PublishForSampling(store->get(), t, 0, ck->id, "latest", DType::kF32);
+  auto rev = PublishTinyMoePolicy(store->get(), t, model_dir, "acme/per-expert");
   ASSERT_TRUE(rev.ok()) << rev.status();
 
   const absl::Status refused = (*store)->ExportPeftDir(*rev, out_default.path());
