@@ -272,11 +272,14 @@ class Concurrent(unittest.TestCase):
         prompt = [150, 151, 152, 153]
         target = set(range(200, 216))
         rewards = []
-        for _ in range(12):
+        # Seeded samples: the run is the same whatever else the server is doing (a fresh seed
+        # per request made whether learning took off within 12 rounds a matter of luck).
+        for round_ in range(12):
             sampler = resolve(tc.save_weights_and_get_sampling_client())
             res = sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=16,
                                  sampling_params=types.SamplingParams(max_tokens=4,
                                                                       temperature=1.0,
+                                                                      seed=1000 + 16 * round_,
                                                                       stop=[])).result()
             r = [sum(t in target for t in s.tokens) / len(s.tokens) for s in res.sequences]
             rewards.append(sum(r) / len(r))
