@@ -3,8 +3,7 @@
 tools/python-constraints.txt) on loopback, every reply checked against `loradb generate`.
 
 Setup, with the repository's own tooling: `loradb model init-random` writes a tiny Qwen3 base
-(compute/configs/tiny-dense.json with an 8192-token context, so that a streamed request
-outlives the steps the test takes around it at any decode speed); a byte-level BPE tokenizer.json is trained here with the
+(compute/configs/tiny-dense.json); a byte-level BPE tokenizer.json is trained here with the
 `tokenizers` package (Qwen's layout, vocabulary within the model's); 16 LoRA adapters (random
 A and B, written as PEFT directories with numpy + safetensors) are imported as policies p0..p15
 (alias `prod`), p0 with a second revision.
@@ -62,7 +61,7 @@ FAILURES = []
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 VOCAB = 1024  # tiny-dense.json
-CONTEXT = 8192  # max_position_embeddings of the test's base
+CONTEXT = 512
 LAYERS, HIDDEN, Q_OUT, V_OUT = 4, 128, 4 * 48, 2 * 48
 ADAPTERS = 16
 
@@ -128,13 +127,8 @@ class Env:
         self.cli = cli
         self.model = os.path.join(tmp, "model")
         self.store = os.path.join(tmp, "store")
-        with open(os.path.join(ROOT, "compute", "configs", "tiny-dense.json")) as f:
-            config = json.load(f)
-        config["max_position_embeddings"] = CONTEXT
-        config_path = os.path.join(tmp, "tiny-dense.json")
-        with open(config_path, "w") as f:
-            json.dump(config, f)
-        run(cli, "model", "init-random", "--config", config_path, self.model, "--seed", "7")
+        run(cli, "model", "init-random", "--config",
+            os.path.join(ROOT, "compute", "configs", "tiny-dense.json"), self.model, "--seed", "7")
         self.tok = train_tokenizer(os.path.join(self.model, "tokenizer.json"))
         run(cli, "--store", self.store, "init")
         run(cli, "--store", self.store, "base", "add", "tiny", "--config",
@@ -415,7 +409,7 @@ def test_alias_move(env, client, server):
 KILLED_CLIENT = r"""
 import sys, openai
 client = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
-for e in client.completions.create(model="p7:prod", prompt=[1, 2, 3], max_tokens=8000,
+for e in client.completions.create(model="p7:prod", prompt=[1, 2, 3], max_tokens=400,
                                    temperature=0, stream=True):
     print("token", flush=True)
 """
