@@ -494,6 +494,9 @@ absl::Status Decoder::Step() {
         running_.end());
   };
   erase_finished();
+  // The gauges count the admitted sequences before this step emits their first tokens: a
+  // client that has a token finds its sequence running in the stats.
+  UpdateGauges();
   if (running_.empty()) {
     ReleaseLeaseWhenIdle();
     UpdateGauges();
