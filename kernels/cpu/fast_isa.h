@@ -42,6 +42,14 @@ struct IsaKernels {
   int dense_rows;
   void (*dense_block)(const float* const* w, const float* const* x, int64_t k,
                       int64_t prefetch_bytes, float* out, int64_t ldo);
+  // GEMM tile: c[i * ldc + l] (+)= sum_{p < kc} ap[p * gemm_mr + i] * bp[p * gemm_nr + l] for
+  // i < mv <= gemm_mr, l < nv <= gemm_nr, from A packed gemm_mr rows at a time and B packed
+  // gemm_nr columns at a time (both k-major). load_c: C's values are the sums' starting points
+  // (a K split into blocks continues each sum in k order); otherwise they start at zero.
+  int gemm_mr;
+  int gemm_nr;
+  void (*gemm_tile)(const float* ap, const float* bp, int64_t kc, float* c, int64_t ldc,
+                    bool load_c, int mv, int nv);
 };
 
 const IsaKernels& PortableKernels();

@@ -7,6 +7,8 @@
 #define LORADB_SHRINK_ROWS 2
 #define LORADB_EXPAND_TILE 32
 #define LORADB_EXPAND_ROWS 2
+#define LORADB_GEMM_MR 6
+#define LORADB_GEMM_NV 2
 #include "kernels/cpu/fast_isa.inc"
 
 namespace loradb::kernels::cpu_internal {

@@ -7,6 +7,8 @@
 #define LORADB_SHRINK_ROWS 4
 #define LORADB_EXPAND_TILE 64
 #define LORADB_EXPAND_ROWS 4
+#define LORADB_GEMM_MR 12
+#define LORADB_GEMM_NV 2
 #include "kernels/cpu/fast_isa.inc"
 
 namespace loradb::kernels::cpu_internal {

@@ -6,6 +6,8 @@
 #define LORADB_SHRINK_ROWS 2
 #define LORADB_EXPAND_TILE 16
 #define LORADB_EXPAND_ROWS 2
+#define LORADB_GEMM_MR 4
+#define LORADB_GEMM_NV 2
 #include "kernels/cpu/fast_isa.inc"
 
 namespace loradb::kernels::cpu_internal {

@@ -152,9 +152,10 @@ TEST(Qwen3ModelTest, FingerprintIgnoresFileOrder) {
 }
 
 // The base layers' linear: the dense kernel in inference on fp32 CPU tensors (same values as
-// at::linear up to summation order, any leading shape, bias added), at::linear wherever autograd
-// must record the product or the dtype is not fp32.
-TEST(BaseLinearTest, DenseKernelInInferenceAtLinearUnderAutograd) {
+// at::linear up to summation order, any leading shape, bias added), the GEMM where autograd
+// records the activations' graph through a frozen weight (forward and dx the same as
+// at::linear's), at::linear where the weight itself trains or the dtype is not fp32.
+TEST(BaseLinearTest, DenseKernelInInferenceGemmUnderAutogradAtLinearOtherwise) {
   if (!kernels::cpu::DenseLinearIsVectorized()) {
     GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512: BaseLinear always uses at::linear";
   }
@@ -174,12 +175,31 @@ TEST(BaseLinearTest, DenseKernelInInferenceAtLinearUnderAutograd) {
   }
   // Grad mode with nothing requiring grad (a frozen base in plain evaluation): still the kernel.
   EXPECT_TRUE(UsesDenseKernel(x, w));
-  // Training: the activations require grad, so autograd sees at::linear.
-  const at::Tensor xg = x.clone().requires_grad_(true);
+  EXPECT_FALSE(UsesFrozenGemm(x, w));
+  // Training a LoRA: the activations require grad, the weight is frozen: the GEMM, forward and
+  // backward, on a non-contiguous input and a non-contiguous incoming gradient.
+  const at::Tensor xg = x.transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(true);
   ASSERT_FALSE(UsesDenseKernel(xg, w));
-  BaseLinear(xg, w).sum().backward();
+  ASSERT_TRUE(UsesFrozenGemm(xg, w, bias));
+  const at::Tensor y = BaseLinear(xg, w, bias);
+  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 5, 19}));
+  EXPECT_LT(RelErr(y.detach(), at::linear(x, w, bias)), 1e-6);
+  const at::Tensor g = at::randn({5, 2, 19}).transpose(0, 1);
+  (y * g).sum().backward();
   ASSERT_TRUE(xg.grad().defined());
-  EXPECT_LT(RelErr(xg.grad(), w.sum(0).expand_as(x)), 1e-6);
+  EXPECT_LT(RelErr(xg.grad(), at::matmul(g, w)), 1e-6);
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_FALSE(UsesFrozenGemm(xg, w));  // no graph recorded: the dense kernel
+  }
+  // A weight that trains (full fine-tuning, modules_to_save): at::linear, gradients for both.
+  const at::Tensor wg = w.clone().requires_grad_(true);
+  const at::Tensor xg2 = x.clone().requires_grad_(true);
+  ASSERT_FALSE(UsesFrozenGemm(xg2, wg));
+  ASSERT_FALSE(UsesDenseKernel(xg2, wg));
+  BaseLinear(xg2, wg).sum().backward();
+  ASSERT_TRUE(wg.grad().defined());
+  EXPECT_LT(RelErr(xg2.grad(), w.sum(0).expand_as(x)), 1e-6);
 }
 
 class ModelKindTest : public ::testing::TestWithParam<const char*> {};

@@ -3,29 +3,22 @@
 // strides; and each row's result bit for bit the same whatever batch or range it is computed in.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/fast_isa.h"
 #include "kernels/lora_kernels.h"
 #include "tests/kernels/runnable_isas.h"
+#include "tests/kernels/sum_check.h"
 
 namespace loradb::kernels {
 namespace {
 
+using testing::ExpectSums;
+using testing::kSentinel;
 using testing::RunnableIsas;
 
-std::vector<float> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (float& f : v) f = d(rng);
-  return v;
-}
-
-constexpr float kSentinel = -12345.0f;
+std::vector<float> Random(size_t n, uint32_t seed) { return testing::RandomNormal(n, seed); }
 
 // x [rows, ldx] (first k used), w [n, k], y [rows, ldy]; outputs [j_begin, j_end) written.
 void CheckAgainstDouble(int64_t rows, int64_t k, int64_t n, int64_t j_begin, int64_t j_end,
@@ -38,27 +31,10 @@ void CheckAgainstDouble(int64_t rows, int64_t k, int64_t n, int64_t j_begin, int
   const std::vector<float> w = Random(static_cast<size_t>(n * k), seed + 1);
   std::vector<float> y(static_cast<size_t>(rows * ldy), kSentinel);
   cpu::DenseLinear(x.data(), rows, ldx, k, w.data(), j_begin, j_end, y.data(), ldy);
-  int bad = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < ldy; ++j) {
-      const float got = y[static_cast<size_t>(r * ldy + j)];
-      if (j < j_begin || j >= j_end) {
-        if (got != kSentinel && ++bad <= 5)
-          ADD_FAILURE() << "wrote outside: row " << r << " j " << j;
-        continue;
-      }
-      double want = 0, magnitude = 0;
-      for (int64_t i = 0; i < k; ++i) {
-        const double term = static_cast<double>(x[static_cast<size_t>(r * ldx + i)]) *
-                            w[static_cast<size_t>(j * k + i)];
-        want += term;
-        magnitude += std::fabs(term);
-      }
-      if (!(std::fabs(got - want) <= 1e-5 * magnitude + 1e-30) && ++bad <= 5) {
-        ADD_FAILURE() << "row " << r << " j " << j << ": got " << got << " want " << want;
-      }
-    }
-  }
+  ExpectSums(y, rows, ldy, j_begin, j_end, k, [&](int64_t r, int64_t j, int64_t i) {
+    return static_cast<double>(x[static_cast<size_t>(r * ldx + i)]) *
+           w[static_cast<size_t>(j * k + i)];
+  });
 }
 
 TEST(CpuDenseLinear, MatchesDoubleSumsOnEveryIsa) {

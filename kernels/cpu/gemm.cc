@@ -1,0 +1,116 @@
+// cpu::Gemm: packed-panel matrix multiply around the per-ISA GEMM tile (fast_isa.inc).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "kernels/cpu/fast_isa.h"
+#include "kernels/lora_kernels.h"
+
+namespace loradb::kernels::cpu {
+
+namespace {
+
+// Reduction depth per packed block: a tile's B panel (256 x 32 floats, 32 KiB with AVX-512)
+// stays in L1 while the A panels of a row block stream past it from L2.
+constexpr int64_t kKc = 256;
+// A panels per row block: 12 x 12 rows x 256 (144 KiB with AVX-512) in L2.
+constexpr int64_t kMcPanels = 12;
+// Columns per packed B block: 256 x 2048 floats (2 MiB), read from L3 once per row block; wider
+// than a layer, so A is packed once per K block.
+constexpr int64_t kNc = 2048;
+
+// Per-thread packing buffers, grown on demand and kept: a call allocates nothing once warm.
+struct PackBuffers {
+  std::unique_ptr<float[]> a, b;
+  int64_t a_size = 0, b_size = 0;
+  static float* Grow(std::unique_ptr<float[]>& p, int64_t& size, int64_t need) {
+    if (size < need) {
+      p.reset(new (std::align_val_t(64)) float[need]);
+      size = need;
+    }
+    return p.get();
+  }
+};
+
+// A rows [0, mc) x depth [p0, p0 + kc) into panels of mr rows, k-major; rows past mc are zero.
+void PackA(const float* a, int64_t lda, int64_t p0, int64_t kc, int64_t mc, int mr, float* out) {
+  for (int64_t i0 = 0; i0 < mc; i0 += mr) {
+    float* panel = out + i0 * kc;
+    for (int i = 0; i < mr; ++i) {
+      if (i0 + i >= mc) {
+        for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = 0.0f;
+        continue;
+      }
+      const float* row = a + (i0 + i) * lda + p0;
+      for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = row[p];
+    }
+  }
+}
+
+// B depth [p0, p0 + kc) x columns [j0, j0 + nc) into panels of nr columns, k-major; columns past
+// nc are zero.
+void PackB(const float* b, int64_t ldb, GemmB layout, int64_t p0, int64_t kc, int64_t j0,
+           int64_t nc, int nr, float* out) {
+  for (int64_t l0 = 0; l0 < nc; l0 += nr) {
+    float* panel = out + l0 * kc;
+    const int nv = static_cast<int>(std::min<int64_t>(nr, nc - l0));
+    if (layout == GemmB::kKN) {
+      for (int64_t p = 0; p < kc; ++p) {
+        const float* src = b + (p0 + p) * ldb + j0 + l0;
+        float* dst = panel + p * nr;
+        std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(nv));
+        for (int l = nv; l < nr; ++l) dst[l] = 0.0f;
+      }
+      continue;
+    }
+    for (int l = 0; l < nr; ++l) {
+      if (l >= nv) {
+        for (int64_t p = 0; p < kc; ++p) panel[p * nr + l] = 0.0f;
+        continue;
+      }
+      const float* src = b + (j0 + l0 + l) * ldb + p0;
+      for (int64_t p = 0; p < kc; ++p) panel[p * nr + l] = src[p];
+    }
+  }
+}
+
+}  // namespace
+
+void Gemm(const float* a, int64_t lda, int64_t m, int64_t k, const float* b, int64_t ldb,
+          GemmB layout, int64_t j_begin, int64_t j_end, float* c, int64_t ldc) {
+  if (m <= 0 || j_end <= j_begin) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc + j_begin, c + i * ldc + j_end, 0.0f);
+    return;
+  }
+  const cpu_internal::IsaKernels& isa = cpu_internal::ActiveKernels();
+  const int mr = isa.gemm_mr, nr = isa.gemm_nr;
+  const int64_t mc_max = kMcPanels * mr;
+  const int64_t nc_max = (kNc + nr - 1) / nr * nr;
+  thread_local PackBuffers buf;
+  float* ap = PackBuffers::Grow(buf.a, buf.a_size, mc_max * kKc);
+  float* bp = PackBuffers::Grow(buf.b, buf.b_size, nc_max * kKc);
+  for (int64_t jc = j_begin; jc < j_end; jc += nc_max) {
+    const int64_t nc = std::min(nc_max, j_end - jc);
+    for (int64_t pc = 0; pc < k; pc += kKc) {
+      const int64_t kc = std::min(kKc, k - pc);
+      PackB(b, ldb, layout, pc, kc, jc, nc, nr, bp);
+      for (int64_t ic = 0; ic < m; ic += mc_max) {
+        const int64_t mc = std::min(mc_max, m - ic);
+        PackA(a + ic * lda, lda, pc, kc, mc, mr, ap);
+        for (int64_t jr = 0; jr < nc; jr += nr) {
+          const int nv = static_cast<int>(std::min<int64_t>(nr, nc - jr));
+          for (int64_t ir = 0; ir < mc; ir += mr) {
+            const int mv = static_cast<int>(std::min<int64_t>(mr, mc - ir));
+            isa.gemm_tile(ap + ir * kc, bp + jr * kc, kc, c + (ic + ir) * ldc + jc + jr, ldc,
+                          pc > 0, mv, nv);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace loradb::kernels::cpu
