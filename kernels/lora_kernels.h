@@ -206,18 +206,22 @@ KernelStatus ShrinkExpand(const ConstRows& x, const AdapterTable& w, const RowMa
 void DenseLinear(const float* x, int64_t rows, int64_t ldx, int64_t k, const float* w,
                  int64_t j_begin, int64_t j_end, float* y, int64_t ldy);
 
+// How Gemm reads its left-hand matrix a: kMK is a[i * lda + p] (row-major [m, k]), kKM is
+// a[p * lda + i] (row-major [k, m]: c = a^T @ B, the weight gradients of a LoRA).
+enum class GemmA { kMK, kKM };
 // How Gemm reads its right-hand matrix b: kNK is b[j * ldb + p] (row-major [n, k], a Linear
-// weight: c = a @ b^T), kKN is b[p * ldb + j] (row-major [k, n]: c = a @ b).
+// weight: c = A @ b^T), kKN is b[p * ldb + j] (row-major [k, n]: c = A @ b).
 enum class GemmB { kNK, kKN };
 
-// c[i * ldc + j] = sum_{p < k} a[i * lda + p] * B(p, j) for i < m and j in [j_begin, j_end), B
-// read as `layout` says. Built for many rows (prefill, training's forward and backward): blocks
-// of A and B are packed into contiguous panels that stay in L1/L2 while a register tile of C
-// accumulates, so the arithmetic runs near the FMA units' peak. Every output is one sum in k
-// order, the same whatever m, the j range or the caller's split into calls. Runs on the calling
-// thread (packing buffers are per thread); callers split rows or columns across threads.
-void Gemm(const float* a, int64_t lda, int64_t m, int64_t k, const float* b, int64_t ldb,
-          GemmB layout, int64_t j_begin, int64_t j_end, float* c, int64_t ldc);
+// c[i * ldc + j] = sum_{p < k} A(i, p) * B(p, j) for i < m and j in [j_begin, j_end), A and B
+// read as a_layout and b_layout say. Built for many rows (prefill, training's forward and
+// backward): blocks of A and B are packed into contiguous panels that stay in L1/L2 while a
+// register tile of C accumulates, so the arithmetic runs near the FMA units' peak. Every output
+// is one sum in k order, the same whatever m, the j range or the caller's split into calls. Runs
+// on the calling thread (packing buffers are per thread); callers split rows or columns across
+// threads.
+void Gemm(const float* a, int64_t lda, GemmA a_layout, int64_t m, int64_t k, const float* b,
+          int64_t ldb, GemmB b_layout, int64_t j_begin, int64_t j_end, float* c, int64_t ldc);
 
 // Whether DenseLinear runs vector code on this CPU (AVX-512 or AVX2); with only the portable set
 // a BLAS library is the better choice.

@@ -1,4 +1,4 @@
-// The base model's linear layers: x @ w^T (+ bias) through the CPU dense kernel where it applies.
+// The base model's linear layers and a LoRA's delta through the CPU kernels where they apply.
 #ifndef LORADB_COMPUTE_MODEL_DENSE_LINEAR_H_
 #define LORADB_COMPUTE_MODEL_DENSE_LINEAR_H_
 
@@ -22,6 +22,15 @@ bool UsesDenseKernel(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 
 // Whether BaseLinear(x, w, bias) takes the GEMM under autograd.
 bool UsesFrozenGemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {});
+
+// A LoRA's delta scale * (x @ a^T) @ b^T (a [r, in], b [out, r]). While autograd records it on
+// fp32 CPU tensors (training), forward and backward run through the dense kernel and the GEMM
+// (LibTorch would give BLAS rank-r products it runs far below peak); otherwise LibTorch's
+// at::linear, as written.
+at::Tensor LoraDelta(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, double scale);
+
+// Whether LoraDelta(x, a, b, scale) takes the CPU kernels.
+bool UsesLoraKernels(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b);
 
 }  // namespace loradb::model
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "compute/model/dense_linear.h"
 #include "storage/util/status_macros.h"
 
 namespace loradb::model {
@@ -332,7 +333,7 @@ at::Tensor Delta(const at::Tensor& x, const LoraFactors& f, int64_t expert) {
   at::Tensor b = expert >= 0 ? f.b[expert] : f.b;
   if (a.scalar_type() != x.scalar_type()) a = a.to(x.scalar_type());
   if (b.scalar_type() != x.scalar_type()) b = b.to(x.scalar_type());
-  return at::linear(at::linear(x, a), b) * f.scale;
+  return LoraDelta(x, a, b, f.scale);
 }
 
 // Every row of x belongs to one of K >= 2 slots, each a contiguous range of the same length n,

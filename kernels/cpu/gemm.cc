@@ -35,11 +35,22 @@ struct PackBuffers {
 };
 
 // A rows [0, mc) x depth [p0, p0 + kc) into panels of mr rows, k-major; rows past mc are zero.
-void PackA(const float* a, int64_t lda, int64_t p0, int64_t kc, int64_t mc, int mr, float* out) {
+void PackA(const float* a, int64_t lda, GemmA layout, int64_t p0, int64_t kc, int64_t mc, int mr,
+           float* out) {
   for (int64_t i0 = 0; i0 < mc; i0 += mr) {
     float* panel = out + i0 * kc;
+    const int mv = static_cast<int>(std::min<int64_t>(mr, mc - i0));
+    if (layout == GemmA::kKM) {
+      for (int64_t p = 0; p < kc; ++p) {
+        const float* src = a + (p0 + p) * lda + i0;
+        float* dst = panel + p * mr;
+        for (int i = 0; i < mv; ++i) dst[i] = src[i];
+        for (int i = mv; i < mr; ++i) dst[i] = 0.0f;
+      }
+      continue;
+    }
     for (int i = 0; i < mr; ++i) {
-      if (i0 + i >= mc) {
+      if (i >= mv) {
         for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = 0.0f;
         continue;
       }
@@ -78,8 +89,8 @@ void PackB(const float* b, int64_t ldb, GemmB layout, int64_t p0, int64_t kc, in
 
 }  // namespace
 
-void Gemm(const float* a, int64_t lda, int64_t m, int64_t k, const float* b, int64_t ldb,
-          GemmB layout, int64_t j_begin, int64_t j_end, float* c, int64_t ldc) {
+void Gemm(const float* a, int64_t lda, GemmA a_layout, int64_t m, int64_t k, const float* b,
+          int64_t ldb, GemmB b_layout, int64_t j_begin, int64_t j_end, float* c, int64_t ldc) {
   if (m <= 0 || j_end <= j_begin) return;
   if (k <= 0) {
     for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc + j_begin, c + i * ldc + j_end, 0.0f);
@@ -96,10 +107,11 @@ void Gemm(const float* a, int64_t lda, int64_t m, int64_t k, const float* b, int
     const int64_t nc = std::min(nc_max, j_end - jc);
     for (int64_t pc = 0; pc < k; pc += kKc) {
       const int64_t kc = std::min(kKc, k - pc);
-      PackB(b, ldb, layout, pc, kc, jc, nc, nr, bp);
+      PackB(b, ldb, b_layout, pc, kc, jc, nc, nr, bp);
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
-        PackA(a + ic * lda, lda, pc, kc, mc, mr, ap);
+        const float* a_block = a_layout == GemmA::kMK ? a + ic * lda : a + ic;
+        PackA(a_block, lda, a_layout, pc, kc, mc, mr, ap);
         for (int64_t jr = 0; jr < nc; jr += nr) {
           const int nv = static_cast<int>(std::min<int64_t>(nr, nc - jr));
           for (int64_t ir = 0; ir < mc; ir += mr) {

@@ -202,6 +202,44 @@ TEST(BaseLinearTest, DenseKernelInInferenceGemmUnderAutogradAtLinearOtherwise) {
   EXPECT_LT(RelErr(xg2.grad(), w.sum(0).expand_as(x)), 1e-6);
 }
 
+// A LoRA's delta under autograd on the CPU kernels: the same output and the same gradients for
+// x, A and B as LibTorch's at::linear chain, on a 3-D, non-contiguous input; with only A and B
+// trainable (the first layer's input) no gradient flows to x; without a graph, at::linear.
+TEST(LoraDeltaTest, CpuKernelsMatchAtLinearForwardAndBackward) {
+  if (!kernels::cpu::DenseLinearIsVectorized()) {
+    GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512: LoraDelta always uses at::linear";
+  }
+  at::manual_seed(5);
+  const double scale = 2.5;
+  const at::Tensor x0 = at::randn({3, 70, 41}).transpose(0, 1);  // [70, 3, 41], not contiguous
+  const at::Tensor a0 = at::randn({8, 41}), b0 = at::randn({53, 8});
+  const at::Tensor g = at::randn({70, 3, 53});
+  for (const bool x_grad : {true, false}) {
+    SCOPED_TRACE(x_grad ? "x requires grad" : "x frozen");
+    const at::Tensor x = x0.clone().requires_grad_(x_grad);
+    const at::Tensor a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    ASSERT_TRUE(UsesLoraKernels(x, a, b));
+    const at::Tensor y = LoraDelta(x, a, b, scale);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{70, 3, 53}));
+    (y * g).sum().backward();
+    const at::Tensor xr = x0.clone().requires_grad_(x_grad);
+    const at::Tensor ar = a0.clone().requires_grad_(true), br = b0.clone().requires_grad_(true);
+    const at::Tensor yr = at::linear(at::linear(xr, ar), br) * scale;
+    (yr * g).sum().backward();
+    EXPECT_LT(RelErr(y.detach(), yr.detach()), 1e-5);
+    EXPECT_LT(RelErr(a.grad(), ar.grad()), 1e-5);
+    EXPECT_LT(RelErr(b.grad(), br.grad()), 1e-5);
+    if (x_grad) {
+      EXPECT_LT(RelErr(x.grad(), xr.grad()), 1e-5);
+    } else {
+      EXPECT_FALSE(x.grad().defined());
+    }
+  }
+  at::NoGradGuard no_grad;
+  EXPECT_FALSE(UsesLoraKernels(x0, a0, b0));
+  EXPECT_LT(RelErr(LoraDelta(x0, a0, b0, scale), at::linear(at::linear(x0, a0), b0) * scale), 1e-6);
+}
+
 class ModelKindTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ModelKindTest, PrefillThenDecodeMatchesFullSequence) {

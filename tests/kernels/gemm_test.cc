@@ -24,9 +24,14 @@ struct Case {
   int64_t m, k, n, j_begin, j_end;
   cpu::GemmB layout;
   int64_t lda_extra = 0, ldb_extra = 0, ldc_extra = 0;
+  cpu::GemmA a_layout = cpu::GemmA::kMK;
 };
 
-// B(p, j) of a matrix stored as `layout` says.
+// A(i, p) and B(p, j) of matrices stored as the case's layouts say.
+float AAt(const std::vector<float>& a, const Case& c, int64_t lda, int64_t i, int64_t p) {
+  return c.a_layout == cpu::GemmA::kMK ? a[static_cast<size_t>(i * lda + p)]
+                                       : a[static_cast<size_t>(p * lda + i)];
+}
 float At(const std::vector<float>& b, const Case& c, int64_t ldb, int64_t p, int64_t j) {
   return c.layout == cpu::GemmB::kNK ? b[static_cast<size_t>(j * ldb + p)]
                                      : b[static_cast<size_t>(p * ldb + j)];
@@ -35,17 +40,21 @@ float At(const std::vector<float>& b, const Case& c, int64_t ldb, int64_t p, int
 void Check(const Case& c, uint32_t seed) {
   SCOPED_TRACE(::testing::Message()
                << "m " << c.m << " k " << c.k << " n " << c.n << " j [" << c.j_begin << ", "
-               << c.j_end << ") " << (c.layout == cpu::GemmB::kNK ? "NK" : "KN") << " strides +"
-               << c.lda_extra << " +" << c.ldb_extra << " +" << c.ldc_extra);
-  const int64_t lda = c.k + c.lda_extra, ldc = c.n + c.ldc_extra;
+               << c.j_end << ") " << (c.a_layout == cpu::GemmA::kMK ? "MK " : "KM ")
+               << (c.layout == cpu::GemmB::kNK ? "NK" : "KN") << " strides +" << c.lda_extra << " +"
+               << c.ldb_extra << " +" << c.ldc_extra);
+  const int64_t lda = (c.a_layout == cpu::GemmA::kMK ? c.k : c.m) + c.lda_extra;
+  const int64_t ldc = c.n + c.ldc_extra;
+  const int64_t a_rows = c.a_layout == cpu::GemmA::kMK ? c.m : c.k;
   const int64_t ldb = (c.layout == cpu::GemmB::kNK ? c.k : c.n) + c.ldb_extra;
   const int64_t b_rows = c.layout == cpu::GemmB::kNK ? c.n : c.k;
-  const std::vector<float> a = Random(static_cast<size_t>(c.m * lda), seed);
+  const std::vector<float> a = Random(static_cast<size_t>(a_rows * lda), seed);
   const std::vector<float> b = Random(static_cast<size_t>(b_rows * ldb), seed + 1);
   std::vector<float> out(static_cast<size_t>(c.m * ldc), kSentinel);
-  cpu::Gemm(a.data(), lda, c.m, c.k, b.data(), ldb, c.layout, c.j_begin, c.j_end, out.data(), ldc);
+  cpu::Gemm(a.data(), lda, c.a_layout, c.m, c.k, b.data(), ldb, c.layout, c.j_begin, c.j_end,
+            out.data(), ldc);
   ExpectSums(out, c.m, ldc, c.j_begin, c.j_end, c.k, [&](int64_t i, int64_t j, int64_t p) {
-    return static_cast<double>(a[static_cast<size_t>(i * lda + p)]) * At(b, c, ldb, p, j);
+    return static_cast<double>(AAt(a, c, lda, i, p)) * At(b, c, ldb, p, j);
   });
 }
 
@@ -69,6 +78,12 @@ TEST(CpuGemm, MatchesDoubleSumsOnEveryIsa) {
       Check({5, 20, 9, 4, 4, layout}, seed++);
       Check({0, 20, 9, 0, 9, layout}, seed++);
       Check({6, 0, 9, 0, 9, layout}, seed++);
+      // A stored transposed ([k, m]: a LoRA's weight gradients), rows inside and past a tile,
+      // depth past a K block, a padded stride.
+      for (int64_t m : {1, 8, 13, 150}) {
+        Check({m, 300, 40, 0, 40, layout, 2, 0, 0, cpu::GemmA::kKM}, seed++);
+        Check({m, 7, 33, 3, 30, layout, 0, 1, 1, cpu::GemmA::kKM}, seed++);
+      }
     }
   }
   cpu_internal::ForceKernelsForTesting(nullptr);
@@ -86,12 +101,14 @@ TEST(CpuGemm, OutputsDoNotDependOnBatchOrRange) {
       const std::vector<float> b = Random(static_cast<size_t>(k * n), 8);
       const int64_t ldb = layout == cpu::GemmB::kNK ? k : n;
       std::vector<float> all(static_cast<size_t>(m * n));
-      cpu::Gemm(a.data(), k, m, k, b.data(), ldb, layout, 0, n, all.data(), n);
+      cpu::Gemm(a.data(), k, cpu::GemmA::kMK, m, k, b.data(), ldb, layout, 0, n, all.data(), n);
       for (int64_t r : {0, 13, 39}) {
         std::vector<float> one(static_cast<size_t>(n));
-        cpu::Gemm(a.data() + r * k, k, 1, k, b.data(), ldb, layout, 0, n, one.data(), n);
+        cpu::Gemm(a.data() + r * k, k, cpu::GemmA::kMK, 1, k, b.data(), ldb, layout, 0, n,
+                  one.data(), n);
         std::vector<float> part(static_cast<size_t>(n), 0.0f);
-        cpu::Gemm(a.data() + r * k, k, 1, k, b.data(), ldb, layout, 21, 50, part.data(), n);
+        cpu::Gemm(a.data() + r * k, k, cpu::GemmA::kMK, 1, k, b.data(), ldb, layout, 21, 50,
+                  part.data(), n);
         for (int64_t j = 0; j < n; ++j) {
           ASSERT_EQ(one[static_cast<size_t>(j)], all[static_cast<size_t>(r * n + j)])
               << "row " << r << " col " << j;
