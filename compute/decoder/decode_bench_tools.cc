@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -250,10 +251,13 @@ absl::StatusOr<DecodeBenchRun> DecodeBenchHarness::RunMerged(int64_t batch, int6
   return run;
 }
 
-absl::StatusOr<BaseLinearTiming> DecodeBenchHarness::TimeBaseLinears(int64_t rows, int rounds) {
-  c10::InferenceMode inference;
+absl::StatusOr<BaseLinearTiming> DecodeBenchHarness::TimeBaseLinears(int64_t rows, int rounds,
+                                                                     bool training) {
+  std::optional<c10::InferenceMode> inference;
+  if (!training) inference.emplace();
   BaseLinearTiming t;
   t.rows = rows;
+  t.training = training;
   std::vector<at::Tensor> weights;
   for (const TensorView& v : s_->base_tensors->tensors()) {
     const bool linear =
@@ -265,28 +269,45 @@ absl::StatusOr<BaseLinearTiming> DecodeBenchHarness::TimeBaseLinears(int64_t row
   if (weights.empty())
     return absl::InternalError("base linears: the checkpoint has no fp32 projections");
   t.matrices = static_cast<int64_t>(weights.size());
-  std::map<int64_t, at::Tensor> inputs;  // by input width
+  std::map<int64_t, at::Tensor> inputs, grads;  // by input width, by output width
   for (const at::Tensor& w : weights) {
-    if (!inputs.count(w.size(1))) inputs[w.size(1)] = at::randn({rows, w.size(1)});
-  }
-  auto pass = [&](bool dense) {
-    const double t0 = Now();
-    for (const at::Tensor& w : weights) {
-      const at::Tensor& x = inputs[w.size(1)];
-      at::Tensor y = dense ? model::BaseLinear(x, w) : at::linear(x, w);
+    if (!inputs.count(w.size(1))) {
+      inputs[w.size(1)] = at::randn({rows, w.size(1)}).requires_grad_(training);
     }
+    if (training && !grads.count(w.size(0))) grads[w.size(0)] = at::randn({rows, w.size(0)});
+  }
+  // One matrix: its output and, in training, the gradient reaching its input.
+  auto apply = [&](bool ours, const at::Tensor& w) -> std::pair<at::Tensor, at::Tensor> {
+    const at::Tensor& x = inputs[w.size(1)];
+    at::Tensor y = ours ? model::BaseLinear(x, w) : at::linear(x, w);
+    if (!training) return {y, at::Tensor()};
+    y.backward(grads[w.size(0)]);
+    at::Tensor dx = x.grad().clone();
+    x.mutable_grad().reset();
+    return {y.detach(), dx};
+  };
+  auto pass = [&](bool ours) {
+    const double t0 = Now();
+    for (const at::Tensor& w : weights) apply(ours, w);
     return Now() - t0;
   };
-  if (!model::UsesDenseKernel(inputs.begin()->second, weights.front())) {
+  const at::Tensor& x0 = inputs.begin()->second;
+  const bool runs = training ? model::UsesFrozenGemm(x0, weights.front())
+                             : model::UsesDenseKernel(x0, weights.front());
+  if (!runs) {
     return absl::FailedPreconditionError(
-        "base linears: the dense kernel does not run here (no AVX2/AVX-512)");
+        "base linears: the CPU kernels do not run here (no AVX2/AVX-512)");
   }
-  for (const at::Tensor& w : weights) {
-    const at::Tensor& x = inputs[w.size(1)];
-    const at::Tensor want = at::linear(x, w);
+  auto rel = [](const at::Tensor& got, const at::Tensor& want) {
     const double scale = want.abs().max().item<double>();
-    const double diff = (model::BaseLinear(x, w) - want).abs().max().item<double>();
-    t.max_rel_diff = std::max(t.max_rel_diff, scale > 0 ? diff / scale : diff);
+    const double diff = (got - want).abs().max().item<double>();
+    return scale > 0 ? diff / scale : diff;
+  };
+  for (const at::Tensor& w : weights) {
+    const auto [want_y, want_dx] = apply(false, w);
+    const auto [got_y, got_dx] = apply(true, w);
+    t.max_rel_diff = std::max(t.max_rel_diff, rel(got_y, want_y));
+    if (training) t.max_rel_diff = std::max(t.max_rel_diff, rel(got_dx, want_dx));
   }
   std::vector<double> dense, blas;
   for (int r = 0; r < rounds; ++r) {

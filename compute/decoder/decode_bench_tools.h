@@ -33,14 +33,16 @@ struct DecodeBenchRun {
 };
 
 // One pass of x @ W^T over every weight matrix a decode step reads (each layer's projections
-// and the LM head), timed through the dense kernel (model::BaseLinear) and LibTorch's at::linear.
+// and the LM head), timed through model::BaseLinear (the dense kernel in inference; in training,
+// the GEMM forward and its dx backward) and LibTorch's at::linear.
 struct BaseLinearTiming {
   int64_t rows = 0;
+  bool training = false;
   int64_t matrices = 0;
   uint64_t weight_bytes = 0;
   double dense_seconds = 0;  // median over the rounds
   double blas_seconds = 0;   // median over the rounds
-  double max_rel_diff = 0;   // largest |dense - blas| / max |blas| over the matrices
+  double max_rel_diff = 0;   // largest |ours - blas| / max |blas| over matrices, outputs and dx
 };
 
 class DecodeBenchHarness {
@@ -70,9 +72,12 @@ class DecodeBenchHarness {
   [[nodiscard]] absl::StatusOr<DecodeBenchRun> RunDecoder(int64_t batch, int64_t distinct,
                                                           int64_t prompt_len, int64_t steps,
                                                           const std::string& first_adapter = "");
-  // The base's linear layers on `rows` random input rows, dense kernel and at::linear in
-  // alternation, `rounds` times each (after one untimed pass of both).
-  [[nodiscard]] absl::StatusOr<BaseLinearTiming> TimeBaseLinears(int64_t rows, int rounds);
+  // The base's linear layers on `rows` random input rows, BaseLinear and at::linear in
+  // alternation, `rounds` times each (after one untimed pass of both). `training`: the inputs
+  // require grad and a pass is forward plus the backward to the inputs (a LoRA step on the frozen
+  // base); otherwise forward under inference mode (a decode step).
+  [[nodiscard]] absl::StatusOr<BaseLinearTiming> TimeBaseLinears(int64_t rows, int rounds,
+                                                                 bool training = false);
   // The same requests served by the merge path, grouped per adapter.
   [[nodiscard]] absl::StatusOr<DecodeBenchRun> RunMerged(int64_t batch, int64_t distinct,
                                                          int64_t prompt_len, int64_t steps);
