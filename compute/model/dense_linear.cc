@@ -32,6 +32,15 @@ bool KernelShapes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bi
   return !bias.defined() || (IsF32Cpu(bias) && bias.dim() == 1 && bias.size(0) == w.size(0));
 }
 
+// fn(j_begin, j_end) over [0, n) in units of kOutputsPerUnit, across LibTorch's intra-op threads.
+template <typename Fn>
+void ParallelOverOutputs(int64_t n, const Fn& fn) {
+  const int64_t units = (n + kOutputsPerUnit - 1) / kOutputsPerUnit;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    fn(begin * kOutputsPerUnit, std::min(n, end * kOutputsPerUnit));
+  });
+}
+
 // A(i, p) of a contiguous 2-D tensor stored as `layout` says: its [m, k].
 std::pair<int64_t, int64_t> GemmRowsDepth(const at::Tensor& a, kernels::cpu::GemmA layout) {
   return layout == kernels::cpu::GemmA::kMK ? std::pair{a.size(0), a.size(1)}
@@ -52,10 +61,8 @@ at::Tensor ParallelGemm(const at::Tensor& a, kernels::cpu::GemmA a_layout, const
   const float* bp = b.data_ptr<float>();
   float* cp = c.data_ptr<float>();
   if (n > m) {
-    const int64_t units = (n + kOutputsPerUnit - 1) / kOutputsPerUnit;
-    at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-      kernels::cpu::Gemm(ap, lda, a_layout, m, k, bp, ldb, b_layout, begin * kOutputsPerUnit,
-                         std::min(n, end * kOutputsPerUnit), cp, n);
+    ParallelOverOutputs(n, [&](int64_t j0, int64_t j1) {
+      kernels::cpu::Gemm(ap, lda, a_layout, m, k, bp, ldb, b_layout, j0, j1, cp, n);
     });
   } else {
     const int64_t units = (m + kRowsPerUnit - 1) / kRowsPerUnit;
@@ -76,10 +83,8 @@ at::Tensor ParallelDense(const at::Tensor& x2, const at::Tensor& w) {
   const float* xp = x2.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t units = (n + kOutputsPerUnit - 1) / kOutputsPerUnit;
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    kernels::cpu::DenseLinear(xp, rows, k, k, wp, begin * kOutputsPerUnit,
-                              std::min(n, end * kOutputsPerUnit), yp, n);
+  ParallelOverOutputs(n, [&](int64_t j0, int64_t j1) {
+    kernels::cpu::DenseLinear(xp, rows, k, k, wp, j0, j1, yp, n);
   });
   return y;
 }
@@ -170,7 +175,7 @@ bool UsesFrozenGemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
 
 bool UsesLoraKernels(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b) {
   return KernelShapes(x, a, at::Tensor()) && KernelShapes(a.t(), b, at::Tensor()) &&
-         b.is_contiguous() && at::GradMode::is_enabled() &&
+         at::GradMode::is_enabled() &&
          (x.requires_grad() || a.requires_grad() || b.requires_grad());
 }
 

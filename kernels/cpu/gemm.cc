@@ -34,55 +34,31 @@ struct PackBuffers {
   }
 };
 
-// A rows [0, mc) x depth [p0, p0 + kc) into panels of mr rows, k-major; rows past mc are zero.
-void PackA(const float* a, int64_t lda, GemmA layout, int64_t p0, int64_t kc, int64_t mc, int mr,
-           float* out) {
-  for (int64_t i0 = 0; i0 < mc; i0 += mr) {
-    float* panel = out + i0 * kc;
-    const int mv = static_cast<int>(std::min<int64_t>(mr, mc - i0));
-    if (layout == GemmA::kKM) {
-      for (int64_t p = 0; p < kc; ++p) {
-        const float* src = a + (p0 + p) * lda + i0;
-        float* dst = panel + p * mr;
-        for (int i = 0; i < mv; ++i) dst[i] = src[i];
-        for (int i = mv; i < mr; ++i) dst[i] = 0.0f;
-      }
-      continue;
-    }
-    for (int i = 0; i < mr; ++i) {
-      if (i >= mv) {
-        for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = 0.0f;
-        continue;
-      }
-      const float* row = a + (i0 + i) * lda + p0;
-      for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = row[p];
-    }
-  }
-}
-
-// B depth [p0, p0 + kc) x columns [j0, j0 + nc) into panels of nr columns, k-major; columns past
-// nc are zero.
-void PackB(const float* b, int64_t ldb, GemmB layout, int64_t p0, int64_t kc, int64_t j0,
-           int64_t nc, int nr, float* out) {
-  for (int64_t l0 = 0; l0 < nc; l0 += nr) {
+// Packs one operand's block: the element at index j and depth p is src[(p0 + p) * ld + j0 + j]
+// when the source is depth-major (A stored [k, m], B stored [k, n]), else src[(j0 + j) * ld +
+// p0 + p] (A stored [m, k], B stored [n, k]). Indices [0, count) x depth [0, kc) go into panels of
+// `width` indices, k-major (panel[p * width + j]); indices past count are zero. A's panels are
+// its row panels (width gemm_mr), B's its column panels (width gemm_nr).
+void Pack(const float* src, int64_t ld, bool depth_major, int64_t p0, int64_t kc, int64_t j0,
+          int64_t count, int width, float* out) {
+  for (int64_t l0 = 0; l0 < count; l0 += width) {
     float* panel = out + l0 * kc;
-    const int nv = static_cast<int>(std::min<int64_t>(nr, nc - l0));
-    if (layout == GemmB::kKN) {
+    const int valid = static_cast<int>(std::min<int64_t>(width, count - l0));
+    if (depth_major) {
       for (int64_t p = 0; p < kc; ++p) {
-        const float* src = b + (p0 + p) * ldb + j0 + l0;
-        float* dst = panel + p * nr;
-        std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(nv));
-        for (int l = nv; l < nr; ++l) dst[l] = 0.0f;
+        float* dst = panel + p * width;
+        std::memcpy(dst, src + (p0 + p) * ld + j0 + l0, sizeof(float) * static_cast<size_t>(valid));
+        for (int l = valid; l < width; ++l) dst[l] = 0.0f;
       }
       continue;
     }
-    for (int l = 0; l < nr; ++l) {
-      if (l >= nv) {
-        for (int64_t p = 0; p < kc; ++p) panel[p * nr + l] = 0.0f;
+    for (int l = 0; l < width; ++l) {
+      if (l >= valid) {
+        for (int64_t p = 0; p < kc; ++p) panel[p * width + l] = 0.0f;
         continue;
       }
-      const float* src = b + (j0 + l0 + l) * ldb + p0;
-      for (int64_t p = 0; p < kc; ++p) panel[p * nr + l] = src[p];
+      const float* line = src + (j0 + l0 + l) * ld + p0;
+      for (int64_t p = 0; p < kc; ++p) panel[p * width + l] = line[p];
     }
   }
 }
@@ -107,11 +83,10 @@ void Gemm(const float* a, int64_t lda, GemmA a_layout, int64_t m, int64_t k, con
     const int64_t nc = std::min(nc_max, j_end - jc);
     for (int64_t pc = 0; pc < k; pc += kKc) {
       const int64_t kc = std::min(kKc, k - pc);
-      PackB(b, ldb, b_layout, pc, kc, jc, nc, nr, bp);
+      Pack(b, ldb, b_layout == GemmB::kKN, pc, kc, jc, nc, nr, bp);
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
-        const float* a_block = a_layout == GemmA::kMK ? a + ic * lda : a + ic;
-        PackA(a_block, lda, a_layout, pc, kc, mc, mr, ap);
+        Pack(a, lda, a_layout == GemmA::kKM, pc, kc, ic, mc, mr, ap);
         for (int64_t jr = 0; jr < nc; jr += nr) {
           const int nv = static_cast<int>(std::min<int64_t>(nr, nc - jr));
           for (int64_t ir = 0; ir < mc; ir += mr) {
