@@ -255,8 +255,9 @@ absl::Status Loader::ReadIoUring(int fd, bool direct, uint64_t size, std::byte* 
       // A buffered read that hits the page cache completes inline in the submitting thread,
       // so a warm file would be copied by this thread alone. IOSQE_ASYNC hands each chunk to
       // io_uring's workers, which copy chunks on every core (a warm 110 MB adapter: ~12 ->
-      // ~16-18 GB/s on two cores); a chunk that misses the cache blocks a worker, not us.
-      if (!direct) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
+      // ~16-18 GB/s on two cores); a chunk that misses the cache blocks a worker, not us. A
+      // file of one chunk has nothing to split and stays inline (no hand-off latency).
+      if (!direct && read_end > options_.chunk_bytes) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
       io_uring_sqe_set_data64(sqe, slot);
       ++inflight;
       chunks_.fetch_add(1, std::memory_order_relaxed);
