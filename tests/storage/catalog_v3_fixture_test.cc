@@ -1,11 +1,12 @@
-// The checked-in schema-v3 and v4 fixtures (tests/storage/fixtures/v3_store, v4_store): real
-// bytes of each version (v3: revision records in layout 1; v4: layout 2, policy names as raw
-// keys), written once by the build of that version from the same rich store (every revision
+// The checked-in schema-v3, v4 and v5 fixtures (tests/storage/fixtures/vN_store): real bytes of
+// each version (v3: revision records in layout 1; v4: layout 2, policy names as raw keys; v5:
+// layout 2, policy names keyed by length), written once by the build of that version from the same rich store (every revision
 // field in use), and every record as that build read it through the API
 // (fixtures/vN_records.txt). Migrating a fixture forward must read back exactly those records.
 // To rewrite one (only with a build whose schema version is N):
 //   LORADB_WRITE_V3_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V3Fixture.*'
 //   LORADB_WRITE_V4_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V4Fixture.*'
+//   LORADB_WRITE_V5_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V5Fixture.*'
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -168,6 +169,10 @@ TEST(V3Fixture, MigratesAndReadsIdentically) {
 
 TEST(V4Fixture, MigratesAndReadsIdentically) {
   MigrateFixtureAndCompare(4, "LORADB_WRITE_V4_FIXTURE");
+}
+
+TEST(V5Fixture, MigratesAndReadsIdentically) {
+  MigrateFixtureAndCompare(5, "LORADB_WRITE_V5_FIXTURE");
 }
 
 }  // namespace
