@@ -126,7 +126,6 @@ struct CatalogSpace {
   uint64_t unaccounted_pages = 0;
 };
 
-
 // ---- zero-copy reads
 //
 // Catalog::Read hands its callback a CatalogReader: one read transaction (a consistent snapshot)
@@ -164,15 +163,15 @@ class RevisionView {
 
  private:
   friend struct CatalogViewAccess;
-  RevisionView(const void* table, bool layout2, uint64_t id, const CatalogReadSlot* slot,
+  RevisionView(const void* table, uint8_t layout, uint64_t id, const CatalogReadSlot* slot,
                uint64_t epoch)
-      : table_(table), layout2_(layout2), id_(id), slot_(slot), epoch_(epoch) {}
+      : table_(table), layout_(layout), id_(id), slot_(slot), epoch_(epoch) {}
   // The table; aborts with a message when the view is empty or its transaction has ended.
   const void* checked_table() const;
 
-  const void* table_ = nullptr;            // the verified fb::RevisionV2 or (layout 1) fb::Revision
-  bool layout2_ = false;
-  uint64_t id_ = 0;                        // the key (layout 2 does not store it)
+  const void* table_ = nullptr;  // the verified fb::RevisionV3, fb::RevisionV2 or fb::Revision
+  uint8_t layout_ = 0;           // 3, 2 or 1: which of them
+  uint64_t id_ = 0;              // the key (layouts 2 and 3 do not store it)
   const CatalogReadSlot* slot_ = nullptr;  // null inside the catalog's own write transactions
   uint64_t epoch_ = 0;                     // the slot's epoch when the view was made
 };

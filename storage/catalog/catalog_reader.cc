@@ -43,8 +43,9 @@ absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes, u
                                                CatalogViewScope& scope) {
   LORADB_ASSIGN_OR_RETURN(const codec::RevisionTables t,
                           codec::VerifyRevision(scope.copies.Align(bytes)));
-  if (t.v2 != nullptr) return CatalogViewAccess::MakeRevision(t.v2, true, key_id, scope);
-  return CatalogViewAccess::MakeRevision(t.v1, false, t.v1->id(), scope);
+  if (t.v3 != nullptr) return CatalogViewAccess::MakeRevision(t.v3, 3, key_id, scope);
+  if (t.v2 != nullptr) return CatalogViewAccess::MakeRevision(t.v2, 2, key_id, scope);
+  return CatalogViewAccess::MakeRevision(t.v1, 1, t.v1->id(), scope);
 }
 
 absl::StatusOr<RevisionView> TxnRevisionView(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id,

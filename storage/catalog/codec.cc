@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "schema/catalog_generated.h"
@@ -184,8 +185,79 @@ std::string EncodeRevision(const RevisionRecord& r) {
   return Finish(b);
 }
 
+namespace {
+
+// The dtypes layout 3 stores as a code (safetensors spellings): code = index + 1. Append only (a
+// code's meaning never changes), and a reader refuses a code past the end of its table.
+constexpr const char* kRevisionDtypes[] = {"F32", "BF16", "F16", "F64", "F8_E4M3", "F8_E5M2",
+                                           "I8",  "U8",   "I16", "I32", "I64",     "BOOL"};
+constexpr uint8_t kDtypeCodes = sizeof(kRevisionDtypes) / sizeof(kRevisionDtypes[0]);
+
+// The target modules layout 3 stores as bits of target_mask: bit = index. Append only.
+constexpr const char* kRevisionTargets[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                            "gate_proj", "up_proj", "down_proj"};
+constexpr int kTargetBits = sizeof(kRevisionTargets) / sizeof(kRevisionTargets[0]);
+constexpr uint32_t kKnownTargetBits = (uint32_t{1} << kTargetBits) - 1;
+
+// 0 for an empty dtype or one outside the table (stored as its string).
+uint8_t DtypeCode(const std::string& dtype) {
+  for (uint8_t i = 0; i < kDtypeCodes; ++i) {
+    if (dtype == kRevisionDtypes[i]) return static_cast<uint8_t>(i + 1);
+  }
+  return 0;
+}
+
+// The bits of `targets` when they give back exactly this list (every name in the table, in table
+// order, none twice); 0 otherwise, and for an empty list (then stored as strings, or absent).
+uint32_t TargetMask(const std::vector<std::string>& targets) {
+  uint32_t mask = 0;
+  int next = 0;  // the first table index the next name may take
+  for (const std::string& t : targets) {
+    int i = next;
+    while (i < kTargetBits && t != kRevisionTargets[i]) ++i;
+    if (i == kTargetBits) return 0;
+    mask |= uint32_t{1} << i;
+    next = i + 1;
+  }
+  return mask;
+}
+
+std::vector<std::string> TargetsOfMask(uint32_t mask) {
+  std::vector<std::string> out;
+  for (int i = 0; i < kTargetBits; ++i) {
+    if (mask & (uint32_t{1} << i)) out.emplace_back(kRevisionTargets[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
 void BuildRevision(FlatBufferBuilder& b, const RevisionRecord& r) {
   b.Clear();
+  const uint8_t dtype_code = DtypeCode(r.dtype);
+  const uint32_t target_mask = TargetMask(r.lora.target_modules);
+  auto base = Str(b, r.base);
+  auto dtype = dtype_code != 0 ? Offset<flatbuffers::String>() : Str(b, r.dtype);
+  Offset<flatbuffers::Vector<Offset<flatbuffers::String>>> targets;
+  if (target_mask == 0 && !r.lora.target_modules.empty()) {
+    targets = b.CreateVectorOfStrings(r.lora.target_modules);
+  }
+  auto mods = ModuleLoras(b, r.lora.modules);
+  auto origin = Str(b, r.source.origin);
+  auto content_hash = Str(b, r.source.content_hash);
+  auto evals = EvalScores(b, r.evals);
+  const fb::RevisionFixed3 fixed(
+      r.policy_id, r.seq, r.parent, r.created_us, r.source.checkpoint_id, r.source.step,
+      r.blob.bytes, fb::Hash128(r.blob.hash.high, r.blob.hash.low), r.blob.tensors, r.lora.r,
+      r.lora.alpha, target_mask, static_cast<fb::SourceKind>(r.source.kind),
+      static_cast<fb::Layout>(r.layout), static_cast<fb::RevisionState>(r.state), r.lora.use_rslora,
+      dtype_code);
+  b.Finish(fb::CreateRevisionV3(b, kRevisionLayoutVersion, &fixed, base, dtype, targets, mods,
+                                origin, content_hash, evals));
+}
+
+std::string EncodeRevisionLayout2(const RevisionRecord& r) {
+  FlatBufferBuilder b(256);
   auto base = Str(b, r.base);
   auto dtype = Str(b, r.dtype);
   Offset<flatbuffers::Vector<Offset<flatbuffers::String>>> targets;
@@ -199,8 +271,9 @@ void BuildRevision(FlatBufferBuilder& b, const RevisionRecord& r) {
       r.blob.bytes, fb::Hash128(r.blob.hash.high, r.blob.hash.low), r.blob.tensors, r.lora.r,
       r.lora.alpha, static_cast<fb::SourceKind>(r.source.kind), static_cast<fb::Layout>(r.layout),
       static_cast<fb::RevisionState>(r.state), r.lora.use_rslora);
-  b.Finish(fb::CreateRevisionV2(b, kRevisionLayoutVersion, &fixed, base, dtype, targets, mods,
-                                origin, content_hash, evals));
+  b.Finish(
+      fb::CreateRevisionV2(b, 2, &fixed, base, dtype, targets, mods, origin, content_hash, evals));
+  return Finish(b);
 }
 
 std::string EncodeRevisionLayout1(const RevisionRecord& r) {
@@ -264,8 +337,12 @@ RevisionRecord RevisionFromLayout1(const fb::Revision& table) {
   return r;
 }
 
-RevisionRecord RevisionFromLayout2(const fb::RevisionV2& v, uint64_t id) {
-  const fb::RevisionFixed& f = *v.fixed();
+// Layouts 2 and 3: the same fixed fields under the same names; layout 3 may hold the dtype as a
+// code and the target modules as bits.
+template <typename Table>
+RevisionRecord RevisionFromFixedLayout(const Table& v, uint64_t id) {
+  constexpr bool kLayout3 = std::is_same_v<Table, fb::RevisionV3>;
+  const auto& f = *v.fixed();
   RevisionRecord r;
   r.id = id;
   r.policy_id = f.policy_id();
@@ -285,10 +362,15 @@ RevisionRecord RevisionFromLayout2(const fb::RevisionV2& v, uint64_t id) {
       r.lora.modules.push_back({Str(m->pattern()), m->r(), m->alpha(), m->has_alpha()});
     }
   }
+  if constexpr (kLayout3) {
+    if (f.target_mask() != 0) r.lora.target_modules = TargetsOfMask(f.target_mask());
+    r.dtype = std::string(RevisionDtype(v));
+  } else {
+    r.dtype = Str(v.dtype());
+  }
   if (v.target_modules() != nullptr) {
     for (const auto* t : *v.target_modules()) r.lora.target_modules.push_back(t->str());
   }
-  r.dtype = Str(v.dtype());
   r.layout = static_cast<Layout>(f.layout());
   r.blob.hash = Hash128{f.blob_hash().high(), f.blob_hash().low()};
   r.blob.bytes = f.blob_bytes();
@@ -301,25 +383,55 @@ RevisionRecord RevisionFromLayout2(const fb::RevisionV2& v, uint64_t id) {
   return r;
 }
 
-// FlatBuffers' verifier for a layout-2 record with every helper it calls inlined into this one
-// function (`flatten`): the same checks, about half the time of the out-of-line calls, on the
+// FlatBuffers' verifier for a layout-2 or -3 record with every helper it calls inlined into this
+// one function (`flatten`): the same checks, about half the time of the out-of-line calls, on the
 // path every revision lookup takes.
-[[gnu::flatten]] bool VerifyRevisionV2Buffer(std::span<const uint8_t> b) {
+template <typename T>
+[[gnu::flatten]] bool VerifyRevisionBuffer(std::span<const uint8_t> b) {
   flatbuffers::Verifier v(b.data(), b.size());
-  return v.VerifyBuffer<fb::RevisionV2>(nullptr);
+  return v.VerifyBuffer<T>(nullptr);
+}
+
+// The checks of a verified layout-3 record the FlatBuffers verifier does not make; an empty
+// string when it passes them.
+const char* Layout3Problem(const fb::RevisionV3& t) {
+  if (t.fixed() == nullptr) return "layout 3 without its fixed fields";
+  const fb::RevisionFixed3& f = *t.fixed();
+  if (f.dtype_code() > kDtypeCodes) return "a dtype code this build does not know";
+  if ((f.target_mask() & ~kKnownTargetBits) != 0) {
+    return "target-module bits this build does not know";
+  }
+  if (f.dtype_code() != 0 && t.dtype() != nullptr) return "its dtype stored both ways";
+  if (f.target_mask() != 0 && t.target_modules() != nullptr) {
+    return "its target modules stored both ways";
+  }
+  return "";
 }
 
 }  // namespace
 
 absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b) {
   RevisionTables t;
-  // A v4+ catalog holds layout 2 only (migration rewrites older records), so that is tried first:
-  // one verification. Layout 1 never stores version 2 (it leaves the field out), so a layout-1
-  // record cannot pass as layout 2 even where its bytes happen to verify as one.
+  // A v6 catalog holds layout 3 only (migration rewrites older records), so that is tried first:
+  // one verification. Every layout stores its version where the others do (the root table's
+  // first field; layout 1 leaves it out, reading 1), so a record cannot pass as another layout
+  // even where its bytes happen to verify as one.
+  if (VerifyRevisionBuffer<fb::RevisionV3>(b)) {
+    const fb::RevisionV3* root = flatbuffers::GetRoot<fb::RevisionV3>(b.data());
+    if (root->version() == 3) {
+      const absl::string_view problem = Layout3Problem(*root);
+      if (!problem.empty()) {
+        return absl::DataLossError(
+            absl::StrCat("catalog: corrupt revision record (", problem, ")"));
+      }
+      t.v3 = root;
+      return t;
+    }
+  }
   {
-    if (VerifyRevisionV2Buffer(b)) {
+    if (VerifyRevisionBuffer<fb::RevisionV2>(b)) {
       const fb::RevisionV2* root = flatbuffers::GetRoot<fb::RevisionV2>(b.data());
-      if (root->version() == kRevisionLayoutVersion) {
+      if (root->version() == 2) {
         if (root->fixed() == nullptr) {
           return absl::DataLossError(
               "catalog: corrupt revision record (layout 2 without its fixed fields)");
@@ -331,7 +443,7 @@ absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b) {
   }
   auto head = VerifyTable<fb::RecordVersion>(b, "revision", kRevisionLayoutVersion);
   if (!head.ok()) return head.status();
-  if ((*head)->version() >= 2) {
+  if ((*head)->version() >= 2) {  // a layout this build reads that failed verification above
     return absl::DataLossError(absl::StrCat("catalog: corrupt revision record (", b.size(),
                                             " bytes fail FlatBuffers verification)"));
   }
@@ -341,8 +453,16 @@ absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b) {
   return t;
 }
 
+absl::string_view RevisionDtype(const fb::RevisionV3& t) {
+  const uint8_t code = t.fixed()->dtype_code();
+  if (code != 0) return kRevisionDtypes[code - 1];
+  const flatbuffers::String* s = t.dtype();
+  return s == nullptr ? absl::string_view() : absl::string_view(s->data(), s->size());
+}
+
 RevisionRecord RevisionFromTables(const RevisionTables& t, uint64_t id) {
-  return t.v2 != nullptr ? RevisionFromLayout2(*t.v2, id) : RevisionFromLayout1(*t.v1);
+  if (t.v3 != nullptr) return RevisionFromFixedLayout(*t.v3, id);
+  return t.v2 != nullptr ? RevisionFromFixedLayout(*t.v2, id) : RevisionFromLayout1(*t.v1);
 }
 
 absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes, uint64_t key_id) {
@@ -356,6 +476,7 @@ absl::StatusOr<RevisionState> DecodeRevisionState(Bytes bytes) {
   std::unique_ptr<uint64_t[]> aligned;
   auto t = VerifyRevision(AlignedBytes(bytes, &aligned));
   if (!t.ok()) return t.status();
+  if (t->v3 != nullptr) return static_cast<RevisionState>(t->v3->fixed()->state());
   return static_cast<RevisionState>(t->v2 != nullptr ? t->v2->fixed()->state() : t->v1->state());
 }
 

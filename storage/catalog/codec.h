@@ -14,8 +14,11 @@ namespace loradb::catalog_codec {
 
 std::string EncodeBase(const BaseRecord& r);
 std::string EncodePolicy(const PolicyRecord& r);
-// Revision records in the layout this build writes (2): `r.id` is the key and is not stored.
+// Revision records in the layout this build writes (3): `r.id` is the key and is not stored.
 std::string EncodeRevision(const RevisionRecord& r);
+// The same record in layout 2 (id not stored), as schema v4-v5 stores hold it (for migrations
+// to those versions and the writers of old-version stores that tests start from).
+std::string EncodeRevisionLayout2(const RevisionRecord& r);
 // The same record in layout 1 (id stored), as schema v1-v3 stores hold it (for the writers of
 // old-version stores that migration tests start from).
 std::string EncodeRevisionLayout1(const RevisionRecord& r);

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "schema/catalog_generated.h"
 #include "storage/catalog/records.h"
 
@@ -20,9 +21,10 @@ namespace fb = ::loradb::catalog::fb;
 
 // The newest record layout version this build reads (revision records: below).
 inline constexpr uint16_t kRecordLayoutVersion = 1;
-// The revision record layout this build writes and the newest it reads: 2 (RevisionV2, catalog
-// schema v4). Layout 1 (Revision) is still read, from stores not yet migrated.
-inline constexpr uint16_t kRevisionLayoutVersion = 2;
+// The revision record layout this build writes and the newest it reads: 3 (RevisionV3, catalog
+// schema v6). Layouts 2 (RevisionV2, v4-v5) and 1 (Revision, v1-v3) are still read, from stores
+// not yet migrated.
+inline constexpr uint16_t kRevisionLayoutVersion = 3;
 
 // Verifies `b` as a T in place and checks its layout version against `newest`. `b.data()` must
 // be 8-byte aligned (FlatBuffers reads scalars where they lie; a misaligned load is undefined
@@ -44,21 +46,27 @@ absl::StatusOr<const T*> VerifyTable(std::span<const uint8_t> b, const char* wha
   return root;
 }
 
-// Builds `r`'s record (layout 2; `r.id` is the key, not stored) in `b`, cleared first: the
+// Builds `r`'s record (layout 3; `r.id` is the key, not stored) in `b`, cleared first: the
 // bytes are b.GetBufferPointer() and b.GetSize(), as EncodeRevision returns them, without a copy.
 void BuildRevision(flatbuffers::FlatBufferBuilder& b, const RevisionRecord& r);
 
-// A verified revision record: exactly one of `v1` (layout 1) and `v2` (layout 2) is set.
+// A verified revision record: exactly one of `v1`, `v2` and `v3` (layouts 1-3) is set.
 struct RevisionTables {
   const fb::Revision* v1 = nullptr;
   const fb::RevisionV2* v2 = nullptr;
+  const fb::RevisionV3* v3 = nullptr;
 };
-// Verifies `b` (8-byte aligned) as a revision record of either layout. Errors as VerifyTable;
-// DataLoss also for a layout-2 record without its fixed fields.
+// Verifies `b` (8-byte aligned) as a revision record of any layout. Errors as VerifyTable;
+// DataLoss also for a layout-2 or -3 record without its fixed fields, and for a layout-3 record
+// whose dtype code or target-module bits this build does not know or that stores a field both
+// ways.
 absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b);
 
-// Owning records from verified tables. `id` is the revision's key (layout 2 does not store it;
-// layout 1 records carry their own).
+// A layout-3 record's dtype: the name its code stands for, else the `dtype` string.
+absl::string_view RevisionDtype(const fb::RevisionV3& t);
+
+// Owning records from verified tables. `id` is the revision's key (layouts 2 and 3 do not store
+// it; layout 1 records carry their own).
 RevisionRecord RevisionFromTables(const RevisionTables& t, uint64_t id);
 PolicyRecord PolicyFromTable(const fb::Policy& t);
 BlobRef BlobRefFromTable(const fb::BlobRef* r);

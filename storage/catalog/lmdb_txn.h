@@ -76,9 +76,9 @@ struct CatalogReader::State {
 
 // Builds views and readers (their constructors are private) and reads a view's table.
 struct CatalogViewAccess {
-  static RevisionView MakeRevision(const void* table, bool layout2, uint64_t id,
+  static RevisionView MakeRevision(const void* table, uint8_t layout, uint64_t id,
                                    const CatalogViewScope& s) {
-    return RevisionView(table, layout2, id, s.slot, s.epoch);
+    return RevisionView(table, layout, id, s.slot, s.epoch);
   }
   static PolicyView MakePolicy(const void* table, const CatalogViewScope& s) {
     return PolicyView(table, s.slot, s.epoch);

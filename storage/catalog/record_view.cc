@@ -41,18 +41,23 @@ const void* RevisionView::checked_table() const {
 namespace {
 const fb::Revision* V1(const void* table) { return static_cast<const fb::Revision*>(table); }
 const fb::RevisionV2* V2(const void* table) { return static_cast<const fb::RevisionV2*>(table); }
+const fb::RevisionV3* V3(const void* table) { return static_cast<const fb::RevisionV3*>(table); }
 const fb::Policy* Pol(const void* table) { return static_cast<const fb::Policy*>(table); }
 }  // namespace
 
-// Layout 2 keeps the scalars in its fixed struct (present: checked at verification); layout 1
-// keeps them as table fields and subtables.
-#define LORADB_REVISION_FIELD(v2_expr, v1_expr)   \
-  const void* t = checked_table();                \
-  if (layout2_) {                                 \
-    const fb::RevisionFixed& f = *V2(t)->fixed(); \
-    return v2_expr;                               \
-  }                                               \
-  const fb::Revision* r = V1(t);                  \
+// Layouts 3 and 2 keep the scalars in their fixed structs (present: checked at verification),
+// under the same names; layout 1 keeps them as table fields and subtables.
+#define LORADB_REVISION_FIELD(fixed_expr, v1_expr) \
+  const void* t = checked_table();                 \
+  if (layout_ == 3) {                              \
+    const fb::RevisionFixed3& f = *V3(t)->fixed(); \
+    return fixed_expr;                             \
+  }                                                \
+  if (layout_ == 2) {                              \
+    const fb::RevisionFixed& f = *V2(t)->fixed();  \
+    return fixed_expr;                             \
+  }                                                \
+  const fb::Revision* r = V1(t);                   \
   return v1_expr
 
 uint64_t RevisionView::id() const {
@@ -63,7 +68,8 @@ uint64_t RevisionView::policy_id() const { LORADB_REVISION_FIELD(f.policy_id(), 
 uint64_t RevisionView::seq() const { LORADB_REVISION_FIELD(f.seq(), r->seq()); }
 absl::string_view RevisionView::base() const {
   const void* t = checked_table();
-  return StrView(layout2_ ? V2(t)->base() : V1(t)->base());
+  if (layout_ == 3) return StrView(V3(t)->base());
+  return StrView(layout_ == 2 ? V2(t)->base() : V1(t)->base());
 }
 uint64_t RevisionView::parent() const { LORADB_REVISION_FIELD(f.parent(), r->parent()); }
 
@@ -88,7 +94,8 @@ float RevisionView::lora_alpha() const {
 
 absl::string_view RevisionView::dtype() const {
   const void* t = checked_table();
-  return StrView(layout2_ ? V2(t)->dtype() : V1(t)->dtype());
+  if (layout_ == 3) return catalog_codec::RevisionDtype(*V3(t));
+  return StrView(layout_ == 2 ? V2(t)->dtype() : V1(t)->dtype());
 }
 Layout RevisionView::layout() const {
   LORADB_REVISION_FIELD(static_cast<Layout>(f.layout()), static_cast<Layout>(r->layout()));
@@ -110,7 +117,9 @@ RevisionState RevisionView::state() const {
 RevisionRecord RevisionView::ToRecord() const {
   const void* t = checked_table();
   catalog_codec::RevisionTables tables;
-  if (layout2_) {
+  if (layout_ == 3) {
+    tables.v3 = V3(t);
+  } else if (layout_ == 2) {
     tables.v2 = V2(t);
   } else {
     tables.v1 = V1(t);

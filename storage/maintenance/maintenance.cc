@@ -497,10 +497,11 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
                                        " policy records: next_seq becomes a lower bound (publishes "
                                        "no longer rewrite the policy record)"));
   }
-  if (rep.from_version < 4) {
+  if (rep.from_version < 6) {
     rep.changes.push_back(absl::StrCat(plan.revisions_kept,
-                                       " revision records: layout 2 (fixed fields in one struct, "
-                                       "the id left to the key)"));
+                                       " revision records: layout 3 (fixed fields in one struct "
+                                       "with the usual dtypes and target modules as a code and "
+                                       "bits, the id left to the key)"));
   }
   if (rep.from_version < 5) {
     rep.changes.push_back(absl::StrCat(plan.policies,

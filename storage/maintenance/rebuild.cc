@@ -50,6 +50,9 @@ std::string BE128(uint64_t a, uint64_t b) { return BE64(a) + BE64(b); }
 MDB_val Val(const std::string& s) { return {s.size(), const_cast<char*>(s.data())}; }
 codec::Bytes Bytes(const MDB_val& v) { return {static_cast<const uint8_t*>(v.mv_data), v.mv_size}; }
 
+// The revision record layout a store of schema `version` holds.
+int RevisionLayoutOf(uint32_t version) { return version >= 6 ? 3 : version >= 4 ? 2 : 1; }
+
 // The named databases of each schema version, in a fixed order.
 struct DbSpec {
   const char* name;
@@ -544,9 +547,10 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan policy_by_id");
   }
   {
-    // Schema v4 stores revision records in layout 2: a migration from an older store rewrites
-    // every one (the others are copied as they are).
-    const bool relayout = out.source_version < 4 && spec.target_version >= 4;
+    // Schema v4 stores revision records in layout 2 and v6 in layout 3: a migration across
+    // either version rewrites every one (the others are copied as they are).
+    const bool relayout =
+        RevisionLayoutOf(out.source_version) != RevisionLayoutOf(spec.target_version);
     Cursor c(rtxn.get(), sdbi[kRevisions]);
     LORADB_RETURN_IF_ERROR(c.status());
     MDB_val k, v;
@@ -563,8 +567,10 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
           r.blob = rw->second.blob;
           r.layout = rw->second.layout;
         }
-        const std::string bytes =
-            spec.target_version >= 4 ? codec::EncodeRevision(r) : codec::EncodeRevisionLayout1(r);
+        const int layout = RevisionLayoutOf(spec.target_version);
+        const std::string bytes = layout == 3   ? codec::EncodeRevision(r)
+                                  : layout == 2 ? codec::EncodeRevisionLayout2(r)
+                                                : codec::EncodeRevisionLayout1(r);
         LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, Val(bytes)));
       } else if (revs[i].keep) {
         LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, v));

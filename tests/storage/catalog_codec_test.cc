@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "storage/catalog/codec.h"
+#include "storage/catalog/codec_tables.h"
 
 namespace loradb::catalog_codec {
 namespace {
@@ -71,8 +72,9 @@ TEST(CatalogCodecTest, DecodesRecordsAtAnyAlignment) {
   EXPECT_TRUE(absl::IsDataLoss(bad.status())) << bad.status();
 }
 
-// Layout 2 (written since schema v4) and layout 1 (read from older stores) hold the same record;
-// layout 2 leaves the id to the key and is smaller.
+// Layout 3 (written since schema v6), layout 2 (v4-v5) and layout 1 (read from older stores)
+// hold the same record; layouts 2 and 3 leave the id to the key, and each is smaller than the one
+// before.
 TEST(CatalogCodecTest, RevisionLayoutsReadTheSame) {
   RevisionRecord rev;
   rev.id = 7;
@@ -97,14 +99,18 @@ TEST(CatalogCodecTest, RevisionLayoutsReadTheSame) {
   rev.state = RevisionState::kDeleted;
   rev.evals = {{"acc", 0.5f}};
   const std::string v1 = EncodeRevisionLayout1(rev);
-  const std::string v2 = EncodeRevision(rev);
+  const std::string v2 = EncodeRevisionLayout2(rev);
+  const std::string v3 = EncodeRevision(rev);
   EXPECT_LT(v2.size(), v1.size());
+  EXPECT_LT(v3.size(), v2.size());
   auto a = DecodeRevision(At(AtEveryOffset(v1)[0], 0, v1.size()), 99);
   auto b = DecodeRevision(At(AtEveryOffset(v2)[0], 0, v2.size()), 7);
+  auto c = DecodeRevision(At(AtEveryOffset(v3)[0], 0, v3.size()), 7);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
-  for (const RevisionRecord* r : {&*a, &*b}) {
-    EXPECT_EQ(r->id, 7u);  // layout 1: the stored id; layout 2: the key
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const RevisionRecord* r : {&*a, &*b, &*c}) {
+    EXPECT_EQ(r->id, 7u);  // layout 1: the stored id; layouts 2 and 3: the key
     EXPECT_EQ(r->policy_id, 3u);
     EXPECT_EQ(r->seq, 2u);
     EXPECT_EQ(r->base, "qwen3-4b");
@@ -125,6 +131,91 @@ TEST(CatalogCodecTest, RevisionLayoutsReadTheSame) {
     EXPECT_EQ(r->evals, rev.evals);
   }
   EXPECT_EQ(*DecodeRevisionState(At(AtEveryOffset(v2)[0], 0, v2.size())), RevisionState::kDeleted);
+  EXPECT_EQ(*DecodeRevisionState(At(AtEveryOffset(v3)[0], 0, v3.size())), RevisionState::kDeleted);
+}
+
+RevisionRecord RoundTrip(const RevisionRecord& rev, size_t* size = nullptr) {
+  const std::string bytes = EncodeRevision(rev);
+  if (size != nullptr) *size = bytes.size();
+  auto r = DecodeRevision(At(AtEveryOffset(bytes)[0], 0, bytes.size()), rev.id);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : RevisionRecord{};
+}
+
+// Layout 3 keeps a usual dtype as a code and a target-module list as bits only where the bits give
+// back exactly that list; every other dtype and list is stored as written and reads back so.
+TEST(CatalogCodecTest, Layout3ReadsBackEveryDtypeAndTargetList) {
+  RevisionRecord rev;
+  rev.id = 1;
+  rev.policy_id = 1;
+  rev.seq = 1;
+  rev.base = "qwen3-4b";
+  rev.lora.r = 16;
+  rev.lora.alpha = 32;
+  const std::vector<std::vector<std::string>> lists = {
+      {},
+      {"q_proj", "v_proj"},                                                           // bits
+      {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},  // bits
+      {"v_proj", "q_proj"},        // another order: strings
+      {"q_proj", "q_proj"},        // a repeat: strings
+      {"q_proj", "experts.0.w1"},  // a name outside the table: strings
+      {"embed_tokens"},            // strings
+      {""},                        // an empty name: strings
+  };
+  size_t bits_size = 0, strings_size = 0;
+  for (const auto& list : lists) {
+    for (const std::string dtype : {"", "F32", "BF16", "F16", "BOOL", "F8_E4M3", "Q4_K", "bf16"}) {
+      rev.lora.target_modules = list;
+      rev.dtype = dtype;
+      size_t size = 0;
+      const RevisionRecord r = RoundTrip(rev, &size);
+      EXPECT_EQ(r.lora.target_modules, list) << dtype;
+      EXPECT_EQ(r.dtype, dtype);
+      if (dtype == "BF16" && list.size() == 2 && list[0] == "q_proj") {
+        (list[1] == "v_proj" ? bits_size : strings_size) = size;
+      }
+    }
+  }
+  // Folded into the fixed struct, the two strings and their vector cost nothing.
+  EXPECT_GT(strings_size, bits_size + 20);
+}
+
+// A layout-3 record whose code or bits this build does not know, or that stores a field both as
+// a code and as a string, is refused by name instead of read with a wrong value.
+TEST(CatalogCodecTest, Layout3RefusesUnknownCodesAndFieldsStoredTwice) {
+  auto build = [](uint8_t dtype_code, uint32_t mask, bool dtype_string, bool target_strings) {
+    flatbuffers::FlatBufferBuilder b;
+    auto dtype = dtype_string ? b.CreateString("F32") : flatbuffers::Offset<flatbuffers::String>();
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> targets;
+    if (target_strings) targets = b.CreateVectorOfStrings({"q_proj"});
+    const fb::RevisionFixed3 fixed(1, 1, 0, 0, 0, 0, 0, fb::Hash128(0, 0), 0, 8, 16.0f, mask,
+                                   fb::SourceKind::Trained, fb::Layout::Plain,
+                                   fb::RevisionState::Live, false, dtype_code);
+    b.Finish(fb::CreateRevisionV3(b, 3, &fixed, 0, dtype, targets));
+    return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+  };
+  auto decode = [](const std::string& bytes) {
+    return DecodeRevision(At(AtEveryOffset(bytes)[0], 0, bytes.size()), 1);
+  };
+  auto ok = decode(build(2, 0b101, false, false));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->dtype, "BF16");
+  EXPECT_EQ(ok->lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  struct Case {
+    std::string bytes;
+    const char* problem;
+  };
+  const Case cases[] = {
+      {build(200, 0, false, false), "dtype code"},
+      {build(0, 1u << 20, false, false), "target-module bits"},
+      {build(1, 0, true, false), "dtype stored both ways"},
+      {build(0, 1, false, true), "target modules stored both ways"},
+  };
+  for (const Case& c : cases) {
+    auto r = decode(c.bytes);
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << c.problem << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.problem), std::string::npos) << r.status();
+  }
 }
 
 // Schema v5 stores the catalog's own alias-move reasons as one byte and any other reason as its

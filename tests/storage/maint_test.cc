@@ -436,7 +436,7 @@ TEST(V2Fixture, MigratesAndKeepsEverySeq) {
   EXPECT_EQ(rep->to_version, kCatalogSchemaVersion);
   ASSERT_EQ(rep->changes.size(), 4u);
   EXPECT_NE(rep->changes[1].find("next_seq"), std::string::npos) << rep->changes[1];
-  EXPECT_NE(rep->changes[2].find("layout 2"), std::string::npos) << rep->changes[2];
+  EXPECT_NE(rep->changes[2].find("layout 3"), std::string::npos) << rep->changes[2];
   EXPECT_NE(rep->changes[3].find("policy names"), std::string::npos) << rep->changes[3];
   EXPECT_EQ(*ReadStoreSchemaVersion(dir), kCatalogSchemaVersion);
   EXPECT_EQ(VerifyProblems(dir), "");

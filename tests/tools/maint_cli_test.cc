@@ -9,9 +9,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tests/test_paths.h"
+#include "absl/strings/str_cat.h"
+#include "storage/catalog/records.h"
 #include "storage/util/store_lock.h"
 #include "tests/storage/maint_test_util.h"
+#include "tests/test_paths.h"
 #include "tests/test_util.h"
 
 namespace loradb {
@@ -50,7 +52,7 @@ TEST(MaintCli, CompactVerifyAndCorruption) {
   CliRun v = Loradb(dir, "verify --json");
   ASSERT_EQ(v.status, 0) << v.out;
   EXPECT_TRUE(LastJson(v.out)["ok"].get<bool>());
-  EXPECT_EQ(LastJson(v.out)["schema_version"].get<int>(), 5);
+  EXPECT_EQ(LastJson(v.out)["schema_version"].get<int>(), static_cast<int>(kCatalogSchemaVersion));
 
   CliRun dry = Loradb(dir, "compact --dry-run --json");
   ASSERT_EQ(dry.status, 0) << dry.out;
@@ -107,7 +109,8 @@ TEST(MaintCli, BusyStoreAndMigrate) {
   }
   CliRun m = Loradb(dir, "migrate");
   ASSERT_EQ(m.status, 0) << m.out;
-  EXPECT_NE(m.out.find("schema 1 -> 5"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find(absl::StrCat("schema 1 -> ", kCatalogSchemaVersion)), std::string::npos)
+      << m.out;
   EXPECT_NE(m.out.find("policy names: keyed by length, then name"), std::string::npos) << m.out;
   CliRun again = Loradb(dir, "migrate");
   ASSERT_EQ(again.status, 0) << again.out;
