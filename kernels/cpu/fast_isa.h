@@ -42,6 +42,11 @@ struct IsaKernels {
   int dense_rows;
   void (*dense_block)(const float* const* w, const float* const* x, int64_t k,
                       int64_t prefetch_bytes, float* out, int64_t ldo);
+  // The same for one activation row: dense_row_k weight rows at a time (more streams in flight
+  // than the decode shape, none of its FMAs spent on repeated rows), the same bits per output.
+  int dense_row_k;
+  void (*dense_row_block)(const float* const* w, const float* const* x, int64_t k,
+                          int64_t prefetch_bytes, float* out, int64_t ldo);
   // GEMM tile: c[i * ldc + l] (+)= sum_{p < kc} ap[p * gemm_mr + i] * bp[p * gemm_nr + l] for
   // i < mv <= gemm_mr, l < nv <= gemm_nr, from A packed gemm_mr rows at a time and B packed
   // gemm_nr columns at a time (both k-major). load_c: C's values are the sums' starting points
