@@ -31,13 +31,14 @@ class CatalogViewTest : public ::testing::Test {
     policy_ = *p;
   }
 
-  uint64_t Publish(const std::string& alias = "", uint64_t seed = 1) {
+  uint64_t Publish(const std::string& alias = "", uint64_t seed = 1,
+                   const std::string& dtype = "BF16") {
     NewRevision r;
     r.policy_id = policy_.id;
     r.lora.r = 8;
     r.lora.alpha = 16;
     r.lora.target_modules = {"q_proj"};
-    r.dtype = "BF16";
+    r.dtype = dtype;
     r.layout = Layout::kPacked;
     r.source.kind = SourceKind::kTrained;
     r.source.checkpoint_id = 7 * seed;
@@ -104,6 +105,25 @@ TEST_F(CatalogViewTest, ViewMatchesOwningRecord) {
                   .ok());
 }
 
+// A dtype the record layout keeps as a code and one it keeps as a string read the same way.
+TEST_F(CatalogViewTest, ViewReadsDtypesStoredAsCodeOrString) {
+  const uint64_t coded = Publish("", 1, "F16");
+  const uint64_t named = Publish("", 2, "Q4_K");
+  const uint64_t none = Publish("", 3, "");
+  ASSERT_TRUE(
+      cat_->Read([&](const CatalogReader& r) -> absl::Status {
+            for (const auto& [id, dtype] :
+                 {std::pair<uint64_t, std::string>{coded, "F16"}, {named, "Q4_K"}, {none, ""}}) {
+              auto v = r.Revision(id);
+              if (!v.ok()) return v.status();
+              EXPECT_EQ(v->dtype(), dtype);
+              EXPECT_EQ(v->ToRecord().dtype, dtype);
+            }
+            return absl::OkStatus();
+          })
+          .ok());
+}
+
 TEST_F(CatalogViewTest, LatestSkipsDeletedRevisions) {
   const uint64_t first = Publish("", 1);
   const uint64_t second = Publish("", 2);
@@ -126,7 +146,8 @@ TEST_F(CatalogViewTest, ErrorsMatchOwningLookups) {
                     EXPECT_TRUE(absl::IsNotFound(r.Revision(999).status()));
                     EXPECT_TRUE(absl::IsNotFound(r.RevisionBySeq(policy_.id, 9).status()));
                     EXPECT_TRUE(absl::IsNotFound(r.RevisionByAlias(policy_.id, "canary").status()));
-                    EXPECT_TRUE(absl::IsInvalidArgument(r.RevisionByAlias(policy_.id, "").status()));
+                    EXPECT_TRUE(
+                        absl::IsInvalidArgument(r.RevisionByAlias(policy_.id, "").status()));
                     EXPECT_TRUE(absl::IsInvalidArgument(r.PolicyId("a//b").status()));
                     EXPECT_TRUE(absl::IsNotFound(r.Policy("acme/other").status()));
                     EXPECT_TRUE(absl::IsNotFound(r.PolicyById(42).status()));
@@ -134,9 +155,8 @@ TEST_F(CatalogViewTest, ErrorsMatchOwningLookups) {
                   })
                   .ok());
   // The callback's status is Read's.
-  EXPECT_TRUE(absl::IsNotFound(cat_->Read([](const CatalogReader& r) {
-                                      return r.Revision(12345).status();
-                                    })));
+  EXPECT_TRUE(absl::IsNotFound(
+      cat_->Read([](const CatalogReader& r) { return r.Revision(12345).status(); })));
 }
 
 TEST_F(CatalogViewTest, CorruptRecordIsDataLossNotAView) {
