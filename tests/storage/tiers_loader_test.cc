@@ -53,6 +53,32 @@ TEST_P(LoaderTest, ReadsFilesOfAwkwardSizesExactly) {
   EXPECT_GT(s.chunks, 6u);
 }
 
+// Buffered reads of files in the page cache (the warm path): io_uring hands a file of several
+// chunks to its workers (IOSQE_ASYNC), which complete them in any order on any core.
+TEST_P(LoaderTest, BufferedReadsOfSeveralChunksReadExactly) {
+  LoaderOptions o;
+  o.o_direct = false;
+  auto loader = MakeLoader(o);
+  if (loader == nullptr) GTEST_SKIP() << "io_uring is not available on this kernel";
+  loradb::testing::TempDir dir;
+  const size_t sizes[] = {1, 65536, 65537, (1 << 20) + 4097, (5 << 20) + 3};
+  for (size_t n : sizes) {
+    std::string data = RandomBytes(n, static_cast<uint32_t>(n) + 1);
+    std::string path = dir.file("b" + std::to_string(n));
+    ASSERT_TRUE(WriteFileAtomic(path, data).ok());
+    for (int rep = 0; rep < 3; ++rep) {
+      auto buf = loader->ReadFile(path, Xxh3_128(data.data(), data.size()));
+      ASSERT_TRUE(buf.ok()) << buf.status();
+      ASSERT_EQ((*buf)->size(), n);
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>((*buf)->data()), n), data) << n;
+    }
+  }
+  LoaderStats s = loader->stats();
+  EXPECT_EQ(s.files, 15u);
+  EXPECT_EQ(s.buffered_files, 15u);
+  EXPECT_EQ(s.o_direct_files, 0u);
+}
+
 TEST_P(LoaderTest, ContentHashMismatchIsDataLoss) {
   auto loader = MakeLoader();
   if (loader == nullptr) GTEST_SKIP() << "io_uring is not available on this kernel";
