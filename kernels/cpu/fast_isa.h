@@ -55,6 +55,9 @@ struct IsaKernels {
   int gemm_nr;
   void (*gemm_tile)(const float* ap, const float* bp, int64_t kc, float* c, int64_t ldc,
                     bool load_c, int mv, int nv);
+  // A GEMM operand stored index-major packed into one k-major panel (a transpose):
+  // panel[p * width + l] = src[l * ld + p] for l < valid, 0 for valid <= l < width; p < kc.
+  void (*pack_rows_t)(const float* src, int64_t ld, int64_t kc, int valid, int width, float* panel);
 };
 
 const IsaKernels& PortableKernels();

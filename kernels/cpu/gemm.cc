@@ -39,8 +39,8 @@ struct PackBuffers {
 // p0 + p] (A stored [m, k], B stored [n, k]). Indices [0, count) x depth [0, kc) go into panels of
 // `width` indices, k-major (panel[p * width + j]); indices past count are zero. A's panels are
 // its row panels (width gemm_mr), B's its column panels (width gemm_nr).
-void Pack(const float* src, int64_t ld, bool depth_major, int64_t p0, int64_t kc, int64_t j0,
-          int64_t count, int width, float* out) {
+void Pack(const cpu_internal::IsaKernels& isa, const float* src, int64_t ld, bool depth_major,
+          int64_t p0, int64_t kc, int64_t j0, int64_t count, int width, float* out) {
   for (int64_t l0 = 0; l0 < count; l0 += width) {
     float* panel = out + l0 * kc;
     const int valid = static_cast<int>(std::min<int64_t>(width, count - l0));
@@ -52,14 +52,7 @@ void Pack(const float* src, int64_t ld, bool depth_major, int64_t p0, int64_t kc
       }
       continue;
     }
-    for (int l = 0; l < width; ++l) {
-      if (l >= valid) {
-        for (int64_t p = 0; p < kc; ++p) panel[p * width + l] = 0.0f;
-        continue;
-      }
-      const float* line = src + (j0 + l0 + l) * ld + p0;
-      for (int64_t p = 0; p < kc; ++p) panel[p * width + l] = line[p];
-    }
+    isa.pack_rows_t(src + (j0 + l0) * ld + p0, ld, kc, valid, width, panel);
   }
 }
 
@@ -83,10 +76,10 @@ void Gemm(const float* a, int64_t lda, GemmA a_layout, int64_t m, int64_t k, con
     const int64_t nc = std::min(nc_max, j_end - jc);
     for (int64_t pc = 0; pc < k; pc += kKc) {
       const int64_t kc = std::min(kKc, k - pc);
-      Pack(b, ldb, b_layout == GemmB::kKN, pc, kc, jc, nc, nr, bp);
+      Pack(isa, b, ldb, b_layout == GemmB::kKN, pc, kc, jc, nc, nr, bp);
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
-        Pack(a, lda, a_layout == GemmA::kKM, pc, kc, ic, mc, mr, ap);
+        Pack(isa, a, lda, a_layout == GemmA::kKM, pc, kc, ic, mc, mr, ap);
         for (int64_t jr = 0; jr < nc; jr += nr) {
           const int nv = static_cast<int>(std::min<int64_t>(nr, nc - jr));
           for (int64_t ir = 0; ir < mc; ir += mr) {
