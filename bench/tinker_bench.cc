@@ -41,6 +41,7 @@
 #include "api/tinker/tinker_routes.h"
 #include "bench/bench_util.h"
 #include "bench/dist_bench.h"
+#include "compute/model/cpu_block_cache.h"
 #include "compute/model/model_tools.h"
 #include "compute/training/training_service.h"
 #include "storage/store/store.h"
@@ -486,6 +487,11 @@ absl::Status RunTinkerBench(const std::vector<std::string>& args) {
     a["case"] = "step_in_process";
     a["median_step_s"] = Median(inproc.step_s);
     a["first_loss"] = inproc.first_loss;
+    const model::CpuBlockCacheStats cache = model::GetCpuBlockCacheStats();
+    a["cpu_block_cache"] = {{"installed", cache.installed},
+                            {"hits", cache.hits},
+                            {"misses", cache.misses},
+                            {"cached_bytes", cache.cached_bytes}};
     Emit(a);
     if (all || f.which == "overhead") {
       LORADB_ASSIGN_OR_RETURN(std::optional<std::vector<double>> sdk,

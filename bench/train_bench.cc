@@ -38,6 +38,7 @@
 #include "bench/bench_util.h"
 #include "bench/dist_bench.h"
 #include "compute/model/checkpoint.h"
+#include "compute/model/cpu_block_cache.h"
 #include "compute/model/qwen3_model.h"
 #include "compute/trainer/checkpoint.h"
 #include "compute/trainer/tasks.h"
@@ -434,6 +435,8 @@ absl::Status RunTrainBench(const std::vector<std::string>& args) {
   // Intra-op threads of both arms (default 1: on this shared 2-core machine OpenMP threads
   // oversubscribe, and the tiny model's ops gain little from more).
   at::set_num_threads(static_cast<int>(f.threads));
+  // As `loradb train` runs the trainer.
+  model::EnableCpuBlockCache(model::DefaultCpuBlockCacheBytes());
   if (f.which == "all" || f.which == "concurrent") LORADB_RETURN_IF_ERROR(RunConcurrent(f));
   if (!f.child_mode.empty()) return absl::OkStatus();
   if (f.which == "all" || f.which == "handoff") LORADB_RETURN_IF_ERROR(RunHandoff(f));

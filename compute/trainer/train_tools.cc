@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compute/model/cpu_block_cache.h"
 #include "compute/model/qwen3_model.h"
 #include "compute/trainer/checkpoint.h"
 #include "compute/trainer/tasks.h"
@@ -34,6 +35,7 @@ absl::StatusOr<TrainRunResult> RunTaskTraining(const TrainRunOptions& o,
           ? o.threads
           : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   at::set_num_threads(static_cast<int>(threads));
+  model::EnableCpuBlockCache(model::DefaultCpuBlockCacheBytes());
   say(absl::StrCat("LibTorch intra-op threads: ", at::get_num_threads(),
                    o.threads > 0 ? " (--threads)" : " (one per hardware core; --threads N)"));
   LORADB_ASSIGN_OR_RETURN(std::unique_ptr<model::Qwen3Model> model,

@@ -497,6 +497,7 @@ struct TrainingService::Impl {
 
   void WorkerLoop() {
     if (options.threads > 0) at::set_num_threads(static_cast<int>(options.threads));
+    model::EnableCpuBlockCache(options.cpu_block_cache_bytes);
     while (true) {
       std::vector<Op> picked;
       {
@@ -733,6 +734,9 @@ TrainingService::~TrainingService() {
     impl_->stop = true;
   }
   if (impl_->worker.joinable()) impl_->worker.join();
+  // The service's tensors die with it; what the block cache kept of them goes back now.
+  impl_.reset();
+  model::TrimCpuBlockCache();
 }
 
 absl::StatusOr<std::unique_ptr<TrainingService>> TrainingService::Create(

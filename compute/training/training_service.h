@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "compute/model/cpu_block_cache.h"
 #include "storage/store/store.h"
 
 namespace loradb::training {
@@ -47,6 +48,9 @@ struct TrainingServiceOptions {
   // (loradb-bench tinker concurrent: 0.84x the sequential time and 1.41x its peak memory shared,
   // 1.19x and 1.07x one after another, bench-60m on two cores).
   bool shared_batches = false;
+  // Freed CPU tensor blocks kept for the next step's tensors of the same sizes, at most this many
+  // bytes (compute/model/cpu_block_cache.h; process-wide, the largest limit asked wins); 0: off.
+  uint64_t cpu_block_cache_bytes = model::DefaultCpuBlockCacheBytes();
 };
 
 // Which modules of the base a run adapts (the Tinker LoraConfig). train_unembed (LoRA on lm_head)
