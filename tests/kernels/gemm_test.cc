@@ -1,6 +1,7 @@
 // cpu::Gemm (packed-panel matrix multiply) against a double-precision sum on every runnable
 // instruction set: both layouts of B, sizes around the tile, the K block and the column block,
-// column ranges, strides; and each output bit for bit the same whatever rows or range surround it.
+// column ranges, strides; each output bit for bit the same whatever rows or range surround it;
+// and the transposing pack's panels element by element.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -120,6 +121,38 @@ TEST(CpuGemm, OutputsDoNotDependOnBatchOrRange) {
     }
   }
   cpu_internal::ForceKernelsForTesting(nullptr);
+}
+
+// The transposing pack of every ISA: each panel element from its source row and depth, zeros
+// past the valid rows, and nothing written past the panel (whole-vector stores of a narrow panel
+// overlap the following lines, never the memory after it).
+TEST(CpuGemm, TransposingPackFillsExactlyThePanel) {
+  for (const cpu_internal::IsaKernels* isa : RunnableIsas()) {
+    SCOPED_TRACE(isa->name);
+    for (int width : {1, 4, 6, 8, 12, 16, 20, 32}) {
+      for (int64_t kc : {1, 7, 8, 15, 16, 17, 31, 48, 50}) {
+        for (int valid : {0, 1, width / 2, width}) {
+          const int64_t ld = kc + 3;
+          const std::vector<float> src = Random(static_cast<size_t>(width * ld), 9);
+          const int64_t size = kc * width;
+          std::vector<float> out(static_cast<size_t>(size + 64), kSentinel);
+          isa->pack_rows_t(src.data(), ld, kc, valid, width, out.data());
+          for (int64_t p = 0; p < kc; ++p) {
+            for (int l = 0; l < width; ++l) {
+              const float want = l < valid ? src[static_cast<size_t>(l * ld + p)] : 0.0f;
+              ASSERT_EQ(out[static_cast<size_t>(p * width + l)], want)
+                  << "width " << width << " kc " << kc << " valid " << valid << " depth " << p
+                  << " lane " << l;
+            }
+          }
+          for (int64_t i = size; i < size + 64; ++i) {
+            ASSERT_EQ(out[static_cast<size_t>(i)], kSentinel)
+                << "width " << width << " kc " << kc << " wrote past the panel at " << i - size;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
