@@ -5,10 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -23,14 +23,19 @@ namespace {
 // Cached sizes are rounded up to this, so that sizes a few bytes apart share blocks.
 constexpr size_t kGranule = size_t{64} << 10;
 
+// Every block the cache hands out is its own context (data == context) and is freed through
+// Delete, the allocator's raw deleter, as LibTorch's raw_allocate / raw_deallocate require; the
+// blocks of cached sizes are told from the rest by the table of live ones.
 class BlockCache {
  public:
-  explicit BlockCache(c10::Allocator* upstream) : upstream_(upstream) {}
+  // `upstream` must have a raw deleter (LibTorch's default CPU allocator has).
+  explicit BlockCache(c10::Allocator* upstream)
+      : upstream_(upstream), upstream_delete_(upstream->raw_deleter()) {}
 
   c10::DataPtr Allocate(size_t n) {
-    if (n < kCpuBlockCacheMinBytes) return upstream_->allocate(n);
+    if (n < kCpuBlockCacheMinBytes) return Wrap(upstream_->raw_allocate(n));
     const size_t bytes = (n + kGranule - 1) / kGranule * kGranule;
-    c10::DataPtr block;
+    void* block = nullptr;
     {
       absl::MutexLock lock(&mu_);
       // The most recently freed block of the same rounded size (the likeliest to be in the CPU's
@@ -38,7 +43,7 @@ class BlockCache {
       const auto [first, end] = free_.equal_range(bytes);
       if (first != end) {
         const auto it = std::prev(end);
-        block = std::move(it->second.block);
+        block = it->second.block;
         free_.erase(it);
         cached_ -= bytes;
         ++hits_;
@@ -46,10 +51,44 @@ class BlockCache {
         ++misses_;
       }
     }
-    if (!block) block = upstream_->allocate(bytes);
-    auto* held = new Held{std::move(block), bytes, this};
-    void* data = held->block.get();
-    return c10::DataPtr(data, held, &Return, c10::Device(c10::DeviceType::CPU));
+    if (block == nullptr) block = upstream_->raw_allocate(bytes);
+    {
+      absl::MutexLock lock(&mu_);
+      live_[block] = bytes;
+    }
+    return Wrap(block);
+  }
+
+  // Takes back a block: kept when it is of a cached size and fits under the limit (the least
+  // recently freed blocks leave to make room), else freed upstream.
+  void Free(void* block) {
+    std::vector<void*> to_free;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto it = live_.find(block);
+      if (it == live_.end()) {
+        to_free.push_back(block);
+      } else {
+        const size_t bytes = it->second;
+        live_.erase(it);
+        if (bytes > limit_) {
+          to_free.push_back(block);
+        } else {
+          while (cached_ + bytes > limit_) {
+            auto oldest = free_.begin();
+            for (auto c = free_.begin(); c != free_.end(); ++c) {
+              if (c->second.freed_at < oldest->second.freed_at) oldest = c;
+            }
+            cached_ -= oldest->first;
+            to_free.push_back(oldest->second.block);
+            free_.erase(oldest);
+          }
+          cached_ += bytes;
+          free_.emplace(bytes, Cached{block, ++frees_});
+        }
+      }
+    }
+    for (void* b : to_free) upstream_delete_(b);
   }
 
   void SetLimit(uint64_t limit, bool exact) {
@@ -64,7 +103,11 @@ class BlockCache {
       drop.swap(free_);
       cached_ = 0;
     }
-  }  // the dropped blocks go upstream here, outside the lock
+    for (const auto& [bytes, c] : drop) upstream_delete_(c.block);
+  }
+
+  // The allocator's raw deleter: every block it hands out comes back here.
+  static void Delete(void* block);
 
   CpuBlockCacheStats Stats() {
     absl::MutexLock lock(&mu_);
@@ -77,45 +120,20 @@ class BlockCache {
   }
 
  private:
-  // A block handed out: the upstream allocation, its size, and where it returns.
-  struct Held {
-    c10::DataPtr block;
-    size_t bytes;
-    BlockCache* cache;
-  };
   // A freed block and when it was freed (a counter), for evicting the least recently freed.
   struct Cached {
-    c10::DataPtr block;
+    void* block;
     uint64_t freed_at;
   };
 
-  static void Return(void* ctx) {
-    std::unique_ptr<Held> held(static_cast<Held*>(ctx));
-    BlockCache* cache = held->cache;
-    std::vector<c10::DataPtr> evicted;
-    {
-      absl::MutexLock lock(&cache->mu_);
-      if (held->bytes <= cache->limit_) {
-        // Room for the block: the least recently freed blocks leave first.
-        while (cache->cached_ + held->bytes > cache->limit_) {
-          auto oldest = cache->free_.begin();
-          for (auto it = cache->free_.begin(); it != cache->free_.end(); ++it) {
-            if (it->second.freed_at < oldest->second.freed_at) oldest = it;
-          }
-          cache->cached_ -= oldest->first;
-          evicted.push_back(std::move(oldest->second.block));
-          cache->free_.erase(oldest);
-        }
-        cache->cached_ += held->bytes;
-        cache->free_.emplace(held->bytes, Cached{std::move(held->block), ++cache->frees_});
-      }
-    }
-    // Here, outside the lock, the evicted blocks (and the returned one, when it was not kept) go
-    // back upstream.
+  static c10::DataPtr Wrap(void* block) {
+    return c10::DataPtr(block, block, &Delete, c10::Device(c10::DeviceType::CPU));
   }
 
   c10::Allocator* const upstream_;
+  const c10::DeleterFnPtr upstream_delete_;
   absl::Mutex mu_;
+  std::map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);        // handed out, of cached sizes
   std::multimap<size_t, Cached> free_ ABSL_GUARDED_BY(mu_);  // by size
   uint64_t cached_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t limit_ ABSL_GUARDED_BY(mu_) = 0;
@@ -123,6 +141,12 @@ class BlockCache {
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The process's cache, set once before LibTorch's allocator becomes it and never freed: blocks
+// return to it whenever their tensors die, static destruction included.
+std::atomic<BlockCache*> the_cache{nullptr};
+
+void BlockCache::Delete(void* block) { the_cache.load(std::memory_order_acquire)->Free(block); }
 
 // c10::Allocator::allocate is const in older LibTorch releases and not in newer ones; the
 // adapter below overrides whichever this LibTorch declares.
@@ -137,6 +161,7 @@ class CacheAllocator<Base, false> : public Base {
  public:
   explicit CacheAllocator(BlockCache* cache) : cache_(cache) {}
   c10::DataPtr allocate(size_t n) override { return cache_->Allocate(n); }
+  c10::DeleterFnPtr raw_deleter() const override { return &BlockCache::Delete; }
   // Pure virtual in releases that have Allocator::clone; unused otherwise.
   void copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }
 
@@ -149,6 +174,7 @@ class CacheAllocator<Base, true> : public Base {
  public:
   explicit CacheAllocator(BlockCache* cache) : cache_(cache) {}
   c10::DataPtr allocate(size_t n) const override { return cache_->Allocate(n); }
+  c10::DeleterFnPtr raw_deleter() const override { return &BlockCache::Delete; }
 
  private:
   BlockCache* const cache_;
@@ -181,9 +207,11 @@ bool EnableCpuBlockCache(uint64_t limit_bytes) {
   if (limit_bytes == 0 || CacheTurnedOff()) return GetCpuBlockCacheStats().installed;
   absl::MutexLock lock(&install_mu);
   if (installed.cache == nullptr) {
-    // Both live for the rest of the process: blocks handed out return to the cache whenever
-    // their tensors die, static destruction included.
-    installed.cache = new BlockCache(c10::GetCPUAllocator());
+    c10::Allocator* upstream = c10::GetCPUAllocator();
+    if (upstream->raw_deleter() == nullptr) return false;  // its blocks cannot be freed raw
+    // Both live for the rest of the process.
+    installed.cache = new BlockCache(upstream);
+    the_cache.store(installed.cache, std::memory_order_release);
     installed.allocator = new CacheAllocator<c10::Allocator, kConstAllocate>(installed.cache);
     c10::SetCPUAllocator(installed.allocator, /*priority=*/1);
   }

@@ -33,8 +33,10 @@ struct CpuBlockCacheStats {
 // Makes LibTorch's CPU allocator the block cache (once per process: LibTorch has one CPU
 // allocator) and sets the most freed bytes it holds to the largest `limit_bytes` any call asked
 // for. A limit of 0 installs nothing, nor does any limit while the environment variable
-// LORADB_NO_CPU_BLOCK_CACHE is set (to anything but "" or "0"). Returns false when another
-// allocator of higher priority kept its place (the cache then stays out of the way).
+// LORADB_NO_CPU_BLOCK_CACHE is set (to anything but "" or "0"). Returns whether LibTorch's CPU
+// allocator is the cache: false also when another allocator of higher priority kept its place,
+// or when the allocator in place cannot free a block by its pointer alone (the cache hands out
+// plain pointers, as LibTorch's raw_allocate / raw_deallocate need, and frees through it).
 bool EnableCpuBlockCache(uint64_t limit_bytes);
 
 // Frees every cached block (blocks in use are untouched).

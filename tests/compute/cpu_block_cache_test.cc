@@ -5,9 +5,12 @@
 #include "compute/model/cpu_block_cache.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace loradb::model {
 namespace {
@@ -82,6 +85,22 @@ TEST_F(CpuBlockCacheTest, LeastRecentlyFreedLeavesFirstPastTheLimit) {
   at::Tensor big = Block(8 * kMiB);
   big.reset();
   EXPECT_EQ(GetCpuBlockCacheStats().cached_bytes, 0u);
+}
+
+// LibTorch's raw interface (raw_allocate / raw_deallocate, used by code that wants a plain
+// pointer) works for blocks of every size, and a large one still returns to the cache.
+TEST_F(CpuBlockCacheTest, RawAllocationsOfEverySizeRoundTrip) {
+  c10::Allocator* alloc = c10::GetCPUAllocator();
+  ASSERT_NE(alloc->raw_deleter(), nullptr);
+  for (size_t bytes : {size_t{64}, size_t{100000}, size_t{3} << 20}) {
+    void* p = alloc->raw_allocate(bytes);
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 1, bytes);
+    alloc->raw_deallocate(p);
+  }
+  EXPECT_EQ(GetCpuBlockCacheStats().cached_bytes, uint64_t{3} << 20);
+  const at::DataPtr d = alloc->allocate(size_t{5} << 20);
+  EXPECT_TRUE(alloc->is_simple_data_ptr(d));
 }
 
 TEST_F(CpuBlockCacheTest, TrimGivesEverythingBack) {
