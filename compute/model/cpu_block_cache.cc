@@ -35,7 +35,6 @@ class BlockCache {
   c10::DataPtr Allocate(size_t n) {
     if (n < kCpuBlockCacheMinBytes) return Wrap(upstream_->raw_allocate(n));
     const size_t bytes = (n + kGranule - 1) / kGranule * kGranule;
-    void* block = nullptr;
     {
       absl::MutexLock lock(&mu_);
       // The most recently freed block of the same rounded size (the likeliest to be in the CPU's
@@ -43,19 +42,18 @@ class BlockCache {
       const auto [first, end] = free_.equal_range(bytes);
       if (first != end) {
         const auto it = std::prev(end);
-        block = it->second.block;
+        void* block = it->second.block;
         free_.erase(it);
         cached_ -= bytes;
         ++hits_;
-      } else {
-        ++misses_;
+        live_[block] = bytes;
+        return Wrap(block);
       }
+      ++misses_;
     }
-    if (block == nullptr) block = upstream_->raw_allocate(bytes);
-    {
-      absl::MutexLock lock(&mu_);
-      live_[block] = bytes;
-    }
+    void* block = upstream_->raw_allocate(bytes);  // outside the lock
+    absl::MutexLock lock(&mu_);
+    live_[block] = bytes;
     return Wrap(block);
   }
 
@@ -146,7 +144,9 @@ class BlockCache {
 // return to it whenever their tensors die, static destruction included.
 std::atomic<BlockCache*> the_cache{nullptr};
 
-void BlockCache::Delete(void* block) { the_cache.load(std::memory_order_acquire)->Free(block); }
+BlockCache* Cache() { return the_cache.load(std::memory_order_acquire); }
+
+void BlockCache::Delete(void* block) { Cache()->Free(block); }
 
 // c10::Allocator::allocate is const in older LibTorch releases and not in newer ones; the
 // adapter below overrides whichever this LibTorch declares.
@@ -159,34 +159,23 @@ class CacheAllocator;
 template <typename Base>
 class CacheAllocator<Base, false> : public Base {
  public:
-  explicit CacheAllocator(BlockCache* cache) : cache_(cache) {}
-  c10::DataPtr allocate(size_t n) override { return cache_->Allocate(n); }
+  c10::DataPtr allocate(size_t n) override { return Cache()->Allocate(n); }
   c10::DeleterFnPtr raw_deleter() const override { return &BlockCache::Delete; }
   // Pure virtual in releases that have Allocator::clone; unused otherwise.
   void copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }
-
- private:
-  BlockCache* const cache_;
 };
 
 template <typename Base>
 class CacheAllocator<Base, true> : public Base {
  public:
-  explicit CacheAllocator(BlockCache* cache) : cache_(cache) {}
-  c10::DataPtr allocate(size_t n) const override { return cache_->Allocate(n); }
+  c10::DataPtr allocate(size_t n) const override { return Cache()->Allocate(n); }
   c10::DeleterFnPtr raw_deleter() const override { return &BlockCache::Delete; }
-
- private:
-  BlockCache* const cache_;
 };
 
-struct Installed {
-  BlockCache* cache = nullptr;
-  c10::Allocator* allocator = nullptr;
-};
-
+// The allocator installed over LibTorch's (null before the first EnableCpuBlockCache that
+// installed one).
 ABSL_CONST_INIT absl::Mutex install_mu(absl::kConstInit);
-Installed installed ABSL_GUARDED_BY(install_mu);
+c10::Allocator* installed ABSL_GUARDED_BY(install_mu) = nullptr;
 
 // LORADB_NO_CPU_BLOCK_CACHE set (to anything but "" or "0") keeps LibTorch's own allocator.
 bool CacheTurnedOff() {
@@ -206,43 +195,33 @@ uint64_t DefaultCpuBlockCacheBytes() {
 bool EnableCpuBlockCache(uint64_t limit_bytes) {
   if (limit_bytes == 0 || CacheTurnedOff()) return GetCpuBlockCacheStats().installed;
   absl::MutexLock lock(&install_mu);
-  if (installed.cache == nullptr) {
+  if (installed == nullptr) {
     c10::Allocator* upstream = c10::GetCPUAllocator();
     if (upstream->raw_deleter() == nullptr) return false;  // its blocks cannot be freed raw
     // Both live for the rest of the process.
-    installed.cache = new BlockCache(upstream);
-    the_cache.store(installed.cache, std::memory_order_release);
-    installed.allocator = new CacheAllocator<c10::Allocator, kConstAllocate>(installed.cache);
-    c10::SetCPUAllocator(installed.allocator, /*priority=*/1);
+    the_cache.store(new BlockCache(upstream), std::memory_order_release);
+    installed = new CacheAllocator<c10::Allocator, kConstAllocate>();
+    c10::SetCPUAllocator(installed, /*priority=*/1);
   }
-  installed.cache->SetLimit(limit_bytes, /*exact=*/false);
-  return c10::GetCPUAllocator() == installed.allocator;
+  Cache()->SetLimit(limit_bytes, /*exact=*/false);
+  return c10::GetCPUAllocator() == installed;
 }
 
 void TrimCpuBlockCache() {
-  BlockCache* cache;
-  {
-    absl::MutexLock lock(&install_mu);
-    cache = installed.cache;
-  }
-  if (cache != nullptr) cache->Trim();
+  if (BlockCache* cache = Cache()) cache->Trim();
 }
 
 CpuBlockCacheStats GetCpuBlockCacheStats() {
-  Installed now;
-  {
-    absl::MutexLock lock(&install_mu);
-    now = installed;
-  }
-  if (now.cache == nullptr) return {};
-  CpuBlockCacheStats s = now.cache->Stats();
-  s.installed = c10::GetCPUAllocator() == now.allocator;
+  BlockCache* cache = Cache();
+  if (cache == nullptr) return {};
+  CpuBlockCacheStats s = cache->Stats();
+  absl::MutexLock lock(&install_mu);
+  s.installed = c10::GetCPUAllocator() == installed;
   return s;
 }
 
 void SetCpuBlockCacheLimitForTesting(uint64_t limit_bytes) {
-  absl::MutexLock lock(&install_mu);
-  if (installed.cache != nullptr) installed.cache->SetLimit(limit_bytes, /*exact=*/true);
+  if (BlockCache* cache = Cache()) cache->SetLimit(limit_bytes, /*exact=*/true);
 }
 
 }  // namespace loradb::model

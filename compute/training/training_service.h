@@ -49,7 +49,8 @@ struct TrainingServiceOptions {
   // 1.19x and 1.07x one after another, bench-60m on two cores).
   bool shared_batches = false;
   // Freed CPU tensor blocks kept for the next step's tensors of the same sizes, at most this many
-  // bytes (compute/model/cpu_block_cache.h; process-wide, the largest limit asked wins); 0: off.
+  // bytes (compute/model/cpu_block_cache.h; process-wide, the largest limit asked wins); 0: the
+  // service does not turn the cache on.
   uint64_t cpu_block_cache_bytes = model::DefaultCpuBlockCacheBytes();
 };
 
