@@ -1,12 +1,14 @@
-// The checked-in schema-v3, v4 and v5 fixtures (tests/storage/fixtures/vN_store): real bytes of
-// each version (v3: revision records in layout 1; v4: layout 2, policy names as raw keys; v5:
-// layout 2, policy names keyed by length), written once by the build of that version from the same rich store (every revision
-// field in use), and every record as that build read it through the API
+// The checked-in schema-v3 to v6 fixtures (tests/storage/fixtures/vN_store): real bytes of each
+// version (v3: revision records in layout 1; v4: layout 2, policy names as raw keys; v5: layout
+// 2, policy names keyed by length; v6: layout 3, and aliases moved, rolled back and set under
+// names that share a prefix), written once by the build of that version from the same rich store
+// (every revision field in use), and every record as that build read it through the API
 // (fixtures/vN_records.txt). Migrating a fixture forward must read back exactly those records.
 // To rewrite one (only with a build whose schema version is N):
 //   LORADB_WRITE_V3_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V3Fixture.*'
 //   LORADB_WRITE_V4_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V4Fixture.*'
 //   LORADB_WRITE_V5_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V5Fixture.*'
+//   LORADB_WRITE_V6_FIXTURE=1 build/tests/loradb_storage_tests --gtest_filter='V6Fixture.*'
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -60,6 +62,24 @@ void WriteRichStore(const std::string& dir) {
   auto r2 = s->PublishTensors("c/r", b.views, imported);
   ASSERT_TRUE(r2.ok()) << r2.status();
   ASSERT_TRUE(s->SetEvalScore(3, "win_rate", 0.5f).ok());
+}
+
+// The rich store with more alias history (the v6 fixture): `a/p:serving` rolled back twice and
+// moved again, `a/p:serving2` (a name `serving` is a prefix of) set and moved, `c/r:serving` moved
+// and rolled back, so an alias's value is the `to` of a log entry that is not always a plain set.
+void WriteRichStoreWithAliasMoves(const std::string& dir) {
+  WriteRichStore(dir);
+  auto s = maint_test::OpenStore(dir);
+  ASSERT_NE(s, nullptr);
+  // a/p: serving 1 -> 3 -> 5 (BuildStore); revisions 2 and 4 are deleted.
+  ASSERT_EQ(*s->Rollback("a/p", "serving"), 3u);
+  ASSERT_EQ(*s->Rollback("a/p", "serving"), 5u);
+  ASSERT_TRUE(s->SetAlias("a/p", "serving", 6).ok());
+  ASSERT_TRUE(s->SetAlias("a/p", "serving2", 6).ok());
+  ASSERT_TRUE(s->SetAlias("a/p", "serving2", 1).ok());
+  // c/r: serving -> 10 (published with it), then 11, then back to 10.
+  ASSERT_TRUE(s->SetAlias("c/r", "serving", 11).ok());
+  ASSERT_EQ(*s->Rollback("c/r", "serving"), 10u);
 }
 
 // Every record the API shows, one JSON line each: policies, revisions (deleted ones too), alias
@@ -120,7 +140,8 @@ std::string ReadText(const std::string& path) {
 
 // Rewrites the version-`version` fixture when `regen_env` is "1" (a build of that version
 // only), then migrates a copy forward and checks verify and every record against the fixture's.
-void MigrateFixtureAndCompare(uint32_t version, const char* regen_env) {
+void MigrateFixtureAndCompare(uint32_t version, const char* regen_env,
+                              void (*write)(const std::string&) = WriteRichStore) {
   const std::string fixture =
       absl::StrCat(LORADB_SOURCE_DIR, "/tests/storage/fixtures/v", version, "_store");
   const std::string records =
@@ -130,7 +151,7 @@ void MigrateFixtureAndCompare(uint32_t version, const char* regen_env) {
     ASSERT_EQ(kCatalogSchemaVersion, version)
         << "the v" << version << " fixture is written by a v" << version << " build only";
     fs::remove_all(fixture);
-    WriteRichStore(fixture);
+    write(fixture);
     std::ofstream(records) << Records(fixture);
     fs::remove(fixture + "/catalog/lock.mdb");
     fs::remove(fixture + "/LOCK");
@@ -173,6 +194,10 @@ TEST(V4Fixture, MigratesAndReadsIdentically) {
 
 TEST(V5Fixture, MigratesAndReadsIdentically) {
   MigrateFixtureAndCompare(5, "LORADB_WRITE_V5_FIXTURE");
+}
+
+TEST(V6Fixture, MigratesAndReadsIdentically) {
+  MigrateFixtureAndCompare(6, "LORADB_WRITE_V6_FIXTURE", WriteRichStoreWithAliasMoves);
 }
 
 }  // namespace
