@@ -27,6 +27,7 @@
 namespace loradb {
 
 namespace codec = catalog_codec;
+using catalog_lmdb::AliasLogKey;
 using catalog_lmdb::Cursor;
 using catalog_lmdb::Get;
 using catalog_lmdb::GetBE64;
@@ -34,12 +35,11 @@ using catalog_lmdb::LmdbError;
 using catalog_lmdb::PutBE64;
 using catalog_lmdb::ResolveNextSeq;
 using catalog_lmdb::StrVal;
+using catalog_lmdb::TxnForEachAlias;
+using catalog_lmdb::TxnRevisionView;
 using catalog_lmdb::U128Key;
 using catalog_lmdb::U64Key;
 using catalog_lmdb::ValBytes;
-using catalog_lmdb::AliasKey;
-using catalog_lmdb::TxnGetAlias;
-using catalog_lmdb::TxnRevisionView;
 
 namespace {
 
@@ -47,19 +47,6 @@ int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// alias_log key prefix: policy id (8) ++ alias length (1) ++ alias; entries append a BE u64.
-std::string AliasLogPrefix(uint64_t policy_id, absl::string_view alias) {
-  std::string k(9, '\0');
-  PutBE64(reinterpret_cast<uint8_t*>(k.data()), policy_id);
-  k[8] = static_cast<char>(alias.size());
-  k.append(alias.data(), alias.size());
-  return k;
-}
-
-bool HasPrefix(const MDB_val& v, const std::string& prefix) {
-  return v.mv_size >= prefix.size() && std::memcmp(v.mv_data, prefix.data(), prefix.size()) == 0;
 }
 
 absl::Status Put(MDB_txn* txn, MDB_dbi dbi, MDB_val k, MDB_val v, unsigned flags,
@@ -89,7 +76,7 @@ absl::StatusOr<PolicyRecord> TxnGetPolicyById(MDB_txn* txn, const Catalog::Dbis&
   absl::Status st = Get(txn, d.policy_by_id, k.val(), &v, "policy");
   if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no policy with id ", id));
   LORADB_RETURN_IF_ERROR(st);
-  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v)));
+  LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v), id));
   LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, d, &p));
   return p;
 }
@@ -107,43 +94,37 @@ absl::Status TxnPutPolicy(MDB_txn* txn, const Catalog::Dbis& d, const PolicyReco
 }
 
 absl::StatusOr<RevisionRecord> TxnGetRevision(MDB_txn* txn, const Catalog::Dbis& d, uint64_t id) {
-  U64Key k(id);
-  MDB_val v;
-  absl::Status st = Get(txn, d.revisions, k.val(), &v, "revision");
-  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("no revision with id ", id));
-  LORADB_RETURN_IF_ERROR(st);
-  return codec::DecodeRevision(ValBytes(v), id);
+  CatalogViewScope scope(txn, &d);
+  LORADB_ASSIGN_OR_RETURN(RevisionView v, TxnRevisionView(txn, d, id, scope));
+  return v.ToRecord();
 }
 
+// Rewrites revision `r` (its base left out when it is its policy's, as Publish writes it).
 absl::Status TxnPutRevision(MDB_txn* txn, const Catalog::Dbis& d, const RevisionRecord& r,
                             unsigned flags) {
+  CatalogViewScope scope(txn, &d);
+  LORADB_ASSIGN_OR_RETURN(PolicyView policy,
+                          catalog_lmdb::TxnPolicyViewById(txn, d, r.policy_id, scope));
   U64Key k(r.id);
-  const std::string bytes = codec::EncodeRevision(r);
+  const std::string bytes = codec::EncodeRevision(r, policy.base());
   return Put(txn, d.revisions, k.val(), StrVal(bytes), flags, "put revision");
 }
 
-// The last log entry of an alias (its number in `seq`); NotFound when the log is empty.
+// The last log entry of an alias (its number in `seq`; its `to` is the alias's value); NotFound
+// when the alias has no entry, that is, was never set.
 absl::StatusOr<AliasLogEntry> TxnLastAliasLog(MDB_txn* txn, const Catalog::Dbis& d,
                                               uint64_t policy_id, const std::string& alias) {
-  const std::string prefix = AliasLogPrefix(policy_id, alias);
-  std::string probe = prefix + std::string(8, '\xff');
+  AliasLogKey key(policy_id, alias);
   Cursor c(txn, d.alias_log);
   LORADB_RETURN_IF_ERROR(c.status());
-  MDB_val k = StrVal(probe), v;
-  int rc = c.Get(&k, &v, MDB_SET_RANGE);
-  if (rc == 0) {
-    rc = c.Get(&k, &v, MDB_PREV);
-  } else if (rc == MDB_NOTFOUND) {
-    rc = c.Get(&k, &v, MDB_LAST);
-  }
-  if (rc == MDB_NOTFOUND ||
-      (rc == 0 && (!HasPrefix(k, prefix) || k.mv_size != prefix.size() + 8))) {
+  MDB_val k, v;
+  const int rc = catalog_lmdb::SeekLastAliasLogEntry(c, key, &k, &v);
+  if (rc == MDB_NOTFOUND)
     return absl::NotFoundError(absl::StrCat("alias '", alias, "' has no log"));
-  }
   if (rc != 0) return LmdbError(rc, "alias log");
   LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(ValBytes(v)));
   e.alias = alias;
-  e.seq = GetBE64(static_cast<const uint8_t*>(k.mv_data) + prefix.size());
+  e.seq = GetBE64(static_cast<const uint8_t*>(k.mv_data) + key.prefix_size);
   return e;
 }
 
@@ -155,7 +136,7 @@ absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecor
     return absl::FailedPreconditionError(
         absl::StrCat("policy '", policy.name, "' is archived; its aliases cannot move"));
   }
-  CatalogViewScope scope;
+  CatalogViewScope scope(txn, &d);
   LORADB_ASSIGN_OR_RETURN(RevisionView rev, TxnRevisionView(txn, d, to, scope));
   if (rev.policy_id() != policy.id) {
     return absl::InvalidArgumentError(absl::StrCat("revision ", to,
@@ -165,35 +146,27 @@ absl::Status TxnSetAlias(MDB_txn* txn, const Catalog::Dbis& d, const PolicyRecor
   if (!rev.live()) {
     return absl::FailedPreconditionError(absl::StrCat("revision ", to, " is deleted"));
   }
+  // The alias's value is the `to` of its last log entry (none: not set). The new entry's number
+  // is taken inside this write transaction (LMDB has one writer at a time), so numbers follow
+  // commit order whatever the clock does.
   uint64_t from = 0;
-  auto cur = TxnGetAlias(txn, d, policy.id, alias);
-  if (cur.ok()) {
-    from = *cur;
-  } else if (!absl::IsNotFound(cur.status())) {
-    return cur.status();
-  }
-  if (from == to) return absl::OkStatus();
-  const std::string key = AliasKey(policy.id, alias);
-  U64Key val(to);
-  LORADB_RETURN_IF_ERROR(Put(txn, d.aliases, StrVal(key), val.val(), 0, "put alias"));
-  // The entry number is taken inside this write transaction (LMDB has one writer at a time), so
-  // numbers follow commit order whatever the clock does.
   uint64_t n = 1;
   auto last = TxnLastAliasLog(txn, d, policy.id, alias);
   if (last.ok()) {
+    from = last->to_revision;
     n = last->seq + 1;
   } else if (!absl::IsNotFound(last.status())) {
     return last.status();
   }
-  std::string log_key = AliasLogPrefix(policy.id, alias) + std::string(8, '\0');
-  PutBE64(reinterpret_cast<uint8_t*>(log_key.data()) + log_key.size() - 8, n);
+  if (from == to) return absl::OkStatus();
+  AliasLogKey log_key(policy.id, alias);
   AliasLogEntry e;
   e.time_us = now;
   e.from_revision = from;
   e.to_revision = to;
   e.reason = reason;
   const std::string bytes = codec::EncodeAliasLogEntry(e);
-  return Put(txn, d.alias_log, StrVal(log_key), StrVal(bytes), MDB_NOOVERWRITE, "put alias log");
+  return Put(txn, d.alias_log, log_key.entry(n), StrVal(bytes), MDB_NOOVERWRITE, "put alias log");
 }
 
 // The stored record of the blob `ref`, or a new one (refcount 0, named `relpath` or the default
@@ -316,9 +289,8 @@ class TxnPublisher {
 
 absl::StatusOr<PolicyRecord*> TxnPublisher::PolicyOf(const NewRevision& nr) {
   if (nr.policy_id == 0 && !nr.create_policy.empty()) {
-    LORADB_ASSIGN_OR_RETURN(
-        PolicyRecord p,
-        TxnCreatePolicy(txn_, d_, nr.create_policy, nr.create_policy_base, {}, now_));
+    LORADB_ASSIGN_OR_RETURN(PolicyRecord p, TxnCreatePolicy(txn_, d_, nr.create_policy,
+                                                            nr.create_policy_base, {}, now_));
     const uint64_t id = p.id;
     return &(policies_[id] = std::move(p));
   }
@@ -333,8 +305,7 @@ absl::Status TxnPublisher::RefBlob(const BlobRef& ref, const std::string& relpat
   const std::pair<uint64_t, uint64_t> key(ref.hash.high, ref.hash.low);
   auto it = blobs_.find(key);
   if (it == blobs_.end()) {
-    LORADB_ASSIGN_OR_RETURN(BlobRecord b,
-                            TxnBlobOrNew(txn_, d_, ref, relpath, BlobKind::kAdapter));
+    LORADB_ASSIGN_OR_RETURN(BlobRecord b, TxnBlobOrNew(txn_, d_, ref, relpath, BlobKind::kAdapter));
     b.hash = ref.hash;
     it = blobs_.emplace(key, std::move(b)).first;
   } else if (it->second.bytes != ref.bytes) {
@@ -360,7 +331,7 @@ absl::StatusOr<uint64_t> TxnPublisher::Publish(const NewRevision& nr, const std:
         absl::StrCat("policy '", policy->name, "' is archived; it accepts no new revisions"));
   }
   if (nr.parent != 0) {
-    CatalogViewScope scope;
+    CatalogViewScope scope(txn_, &d_);
     LORADB_RETURN_IF_ERROR(TxnRevisionView(txn_, d_, nr.parent, scope).status());
   }
   if (!have_last_id_) {
@@ -382,7 +353,8 @@ absl::StatusOr<uint64_t> TxnPublisher::Publish(const NewRevision& nr, const std:
   r.state = RevisionState::kLive;
   r.evals = nr.evals;
   // The policy record is not rewritten: the index entry below advances its next seq (v3).
-  codec::BuildRevision(fbb_, r);
+  // The base is the policy's: the record leaves it out (v7), readers take it from the policy.
+  codec::BuildRevision(fbb_, r, policy->base);
   U64Key rk(r.id);
   LORADB_RETURN_IF_ERROR(Put(txn_, d_.revisions, rk.val(),
                              MDB_val{fbb_.GetSize(), fbb_.GetBufferPointer()}, MDB_APPEND,
@@ -692,9 +664,7 @@ absl::Status Catalog::View(absl::FunctionRef<absl::Status(MDB_txn*)> fn) const {
 
 absl::Status Catalog::Read(absl::FunctionRef<absl::Status(const CatalogReader&)> fn) const {
   return ViewInSlot([&](MDB_txn* txn, const CatalogReadSlot* slot) -> absl::Status {
-    CatalogReader::State state;
-    state.txn = txn;
-    state.dbi = dbi_.get();
+    CatalogReader::State state(txn, dbi_.get());
     state.scope.slot = slot;
     state.scope.epoch = slot->epoch.load(std::memory_order_relaxed);
     const CatalogReader reader = CatalogViewAccess::MakeReader(&state);
@@ -843,7 +813,8 @@ absl::StatusOr<std::vector<PolicyRecord>> Catalog::ListPolicies() const {
     LORADB_RETURN_IF_ERROR(c.status());
     MDB_val k, v;
     for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-      LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v)));
+      if (k.mv_size != 8) return absl::DataLossError("catalog: policy key is not 8 bytes");
+      LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(ValBytes(v), GetBE64(k.mv_data)));
       LORADB_RETURN_IF_ERROR(ResolveNextSeq(txn, *dbi_, &p));
       out.push_back(std::move(p));
     }
@@ -934,7 +905,8 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListPolicyRevisions(uint64_t polic
   Page<RevisionRecord> page;
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     page = {};
-    CatalogViewScope scope;  // views die with this lambda; the page keeps owning records
+    CatalogViewScope scope(txn, dbi_.get());  // views die with this lambda; the page keeps owning
+                                              // records
     Cursor c(txn, dbi_->policy_revisions);
     LORADB_RETURN_IF_ERROR(c.status());
     if (after_seq == UINT64_MAX) return absl::OkStatus();
@@ -967,7 +939,8 @@ absl::StatusOr<Page<RevisionRecord>> Catalog::ListRevisions(uint64_t after_id, s
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
     page = {};
     if (after_id == UINT64_MAX) return absl::OkStatus();
-    CatalogViewScope scope;  // views die with this lambda; the page keeps owning records
+    CatalogViewScope scope(txn, dbi_.get());  // views die with this lambda; the page keeps owning
+                                              // records
     Cursor c(txn, dbi_->revisions);
     LORADB_RETURN_IF_ERROR(c.status());
     U64Key start(after_id + 1);
@@ -1030,19 +1003,14 @@ absl::Status Catalog::DeleteRevision(uint64_t id) {
     if (r.state == RevisionState::kDeleted) {
       return absl::FailedPreconditionError(absl::StrCat("revision ", id, " is already deleted"));
     }
-    // Refuse while any alias of its policy points at it.
-    Cursor c(txn, dbi_->aliases);
-    LORADB_RETURN_IF_ERROR(c.status());
-    const std::string prefix = AliasKey(r.policy_id, "");
-    MDB_val k = StrVal(prefix), v;
-    for (int rc = c.Get(&k, &v, MDB_SET_RANGE); rc == 0 && HasPrefix(k, prefix);
-         rc = c.Get(&k, &v, MDB_NEXT)) {
-      if (v.mv_size == 8 && GetBE64(v.mv_data) == id) {
-        const std::string alias(static_cast<const char*>(k.mv_data) + 8, k.mv_size - 8);
-        return absl::FailedPreconditionError(absl::StrCat(
-            "revision ", id, " is served by alias '", alias, "'; move the alias before deleting"));
-      }
-    }
+    // Refuse while any alias of its policy points at it (the `to` of the alias's last entry).
+    LORADB_RETURN_IF_ERROR(TxnForEachAlias(
+        txn, *dbi_, r.policy_id, [&](absl::string_view alias, uint64_t to) -> absl::Status {
+          if (to != id) return absl::OkStatus();
+          return absl::FailedPreconditionError(absl::StrCat("revision ", id,
+                                                            " is served by alias '", alias,
+                                                            "'; move the alias before deleting"));
+        }));
     r.state = RevisionState::kDeleted;
     LORADB_RETURN_IF_ERROR(TxnPutRevision(txn, *dbi_, r, 0));
     return TxnUnrefBlob(txn, *dbi_, r.blob);
@@ -1084,7 +1052,7 @@ absl::StatusOr<uint64_t> Catalog::Rollback(uint64_t policy_id, const std::string
       return absl::FailedPreconditionError(absl::StrCat("alias '", alias, "' of policy '", p.name,
                                                         "' has no earlier value to roll back to"));
     }
-    CatalogViewScope scope;
+    CatalogViewScope scope(txn, dbi_.get());
     LORADB_ASSIGN_OR_RETURN(RevisionView r, TxnRevisionView(txn, *dbi_, target, scope));
     if (!r.live()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1098,16 +1066,15 @@ absl::StatusOr<uint64_t> Catalog::Rollback(uint64_t policy_id, const std::string
 absl::StatusOr<std::vector<AliasEntry>> Catalog::ListAliases(uint64_t policy_id) const {
   std::vector<AliasEntry> out;
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
-    Cursor c(txn, dbi_->aliases);
-    LORADB_RETURN_IF_ERROR(c.status());
-    const std::string prefix = AliasKey(policy_id, "");
-    MDB_val k = StrVal(prefix), v;
-    for (int rc = c.Get(&k, &v, MDB_SET_RANGE); rc == 0 && HasPrefix(k, prefix);
-         rc = c.Get(&k, &v, MDB_NEXT)) {
-      if (v.mv_size != 8) return absl::DataLossError("catalog: alias value is not 8 bytes");
-      out.push_back({std::string(static_cast<const char*>(k.mv_data) + 8, k.mv_size - 8),
-                     GetBE64(v.mv_data)});
-    }
+    out.clear();
+    LORADB_RETURN_IF_ERROR(
+        TxnForEachAlias(txn, *dbi_, policy_id, [&](absl::string_view alias, uint64_t to) {
+          out.push_back({std::string(alias), to});
+          return absl::OkStatus();
+        }));
+    // The log's keys order aliases by length first; listings show them by name.
+    std::sort(out.begin(), out.end(),
+              [](const AliasEntry& a, const AliasEntry& b) { return a.alias < b.alias; });
     return absl::OkStatus();
   }));
   return out;
@@ -1118,18 +1085,20 @@ absl::StatusOr<std::vector<AliasLogEntry>> Catalog::AliasLog(uint64_t policy_id,
   LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
   std::vector<AliasLogEntry> out;
   LORADB_RETURN_IF_ERROR(View([&](MDB_txn* txn) -> absl::Status {
+    out.clear();
     Cursor c(txn, dbi_->alias_log);
     LORADB_RETURN_IF_ERROR(c.status());
-    const std::string prefix = AliasLogPrefix(policy_id, alias);
-    MDB_val k = StrVal(prefix), v;
-    for (int rc = c.Get(&k, &v, MDB_SET_RANGE); rc == 0 && HasPrefix(k, prefix);
-         rc = c.Get(&k, &v, MDB_NEXT)) {
-      if (k.mv_size != prefix.size() + 8) continue;
+    AliasLogKey key(policy_id, alias);
+    const MDB_val prefix = key.prefix();
+    MDB_val k = prefix, v;
+    int rc = c.Get(&k, &v, MDB_SET_RANGE);
+    for (; rc == 0 && catalog_lmdb::IsEntryOf(k, prefix); rc = c.Get(&k, &v, MDB_NEXT)) {
       LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(ValBytes(v)));
       e.alias = alias;
-      e.seq = GetBE64(static_cast<const uint8_t*>(k.mv_data) + prefix.size());
+      e.seq = GetBE64(static_cast<const uint8_t*>(k.mv_data) + key.prefix_size);
       out.push_back(std::move(e));
     }
+    if (rc != 0 && rc != MDB_NOTFOUND) return LmdbError(rc, "alias log");
     return absl::OkStatus();
   }));
   return out;

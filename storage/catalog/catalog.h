@@ -1,5 +1,6 @@
 // The catalog: one LMDB environment per store directory holding FlatBuffers records for bases,
-// policies, revisions, aliases (+ append-only log), checkpoints and blobs. docs/format-catalog.md
+// policies, revisions, aliases (an append-only log of moves; the last one is the value),
+// checkpoints and blobs. docs/format-catalog.md
 // lists its databases and key encodings. Thread-safe: many reader threads, one writer at a time
 // (LMDB's writer lock); another process may read while this one writes.
 #ifndef LORADB_STORAGE_CATALOG_CATALOG_H_
@@ -135,7 +136,8 @@ struct CatalogSpace {
 // with a message when the transaction has ended (by then a later commit may have reused the page).
 // To keep a record, take the owning copy (ToRecord) inside the callback.
 
-struct CatalogReadSlot;  // a pooled read transaction (catalog.cc)
+struct CatalogReadSlot;   // a pooled read transaction (catalog.cc)
+struct CatalogViewScope;  // the transaction a view was made in (lmdb_txn.h)
 
 // A verified revision record inside a read transaction. Default-constructed: empty (no accessor
 // may be called).
@@ -146,6 +148,8 @@ class RevisionView {
   uint64_t id() const;
   uint64_t policy_id() const;
   uint64_t seq() const;
+  // The record's base, or its policy's (read in the same transaction) when the record leaves it
+  // to the policy (schema v7); empty when that policy record cannot be read.
   absl::string_view base() const;
   uint64_t parent() const;
   SourceKind source_kind() const;
@@ -163,15 +167,17 @@ class RevisionView {
 
  private:
   friend struct CatalogViewAccess;
-  RevisionView(const void* table, uint8_t layout, uint64_t id, const CatalogReadSlot* slot,
-               uint64_t epoch)
-      : table_(table), layout_(layout), id_(id), slot_(slot), epoch_(epoch) {}
+  RevisionView(const void* table, uint8_t layout, uint64_t id, CatalogViewScope* scope,
+               const CatalogReadSlot* slot, uint64_t epoch)
+      : table_(table), layout_(layout), id_(id), scope_(scope), slot_(slot), epoch_(epoch) {}
   // The table; aborts with a message when the view is empty or its transaction has ended.
   const void* checked_table() const;
 
   const void* table_ = nullptr;  // the verified fb::RevisionV3, fb::RevisionV2 or fb::Revision
-  uint8_t layout_ = 0;           // 3, 2 or 1: which of them
-  uint64_t id_ = 0;              // the key (layouts 2 and 3 do not store it)
+  uint8_t layout_ = 0;           // 3, 2 or 1: which of them (3: record layouts 3 and 4)
+  uint64_t id_ = 0;              // the key (layouts 2-4 do not store it)
+  // Where the view was made (read only after the slot check: it lives as long as the transaction).
+  CatalogViewScope* scope_ = nullptr;
   const CatalogReadSlot* slot_ = nullptr;  // null inside the catalog's own write transactions
   uint64_t epoch_ = 0;                     // the slot's epoch when the view was made
 };
@@ -190,11 +196,12 @@ class PolicyView {
 
  private:
   friend struct CatalogViewAccess;
-  PolicyView(const void* table, const CatalogReadSlot* slot, uint64_t epoch)
-      : table_(table), slot_(slot), epoch_(epoch) {}
+  PolicyView(const void* table, uint64_t id, const CatalogReadSlot* slot, uint64_t epoch)
+      : table_(table), id_(id), slot_(slot), epoch_(epoch) {}
   const void* checked_table() const;
 
   const void* table_ = nullptr;  // the verified fb::Policy
+  uint64_t id_ = 0;              // the key (v7 records do not store it)
   const CatalogReadSlot* slot_ = nullptr;
   uint64_t epoch_ = 0;
 };
@@ -318,6 +325,8 @@ class Catalog {
   // "rollback"). FailedPrecondition when there is no earlier value or it is no longer live.
   // Returns the revision the alias now points at.
   [[nodiscard]] absl::StatusOr<uint64_t> Rollback(uint64_t policy_id, const std::string& alias);
+  // The policy's aliases in name order, each with the `to` of its last log entry (one cursor
+  // positioning per alias).
   [[nodiscard]] absl::StatusOr<std::vector<AliasEntry>> ListAliases(uint64_t policy_id) const;
   // The alias's log in commit order (entry numbers 1, 2, ...).
   [[nodiscard]] absl::StatusOr<std::vector<AliasLogEntry>> AliasLog(uint64_t policy_id,

@@ -1,7 +1,9 @@
 // CatalogReader and the view lookups of one transaction: verify a record once, view it in place.
 #include <lmdb.h>
 
+#include <array>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -32,11 +34,46 @@ uint64_t IndexEntryId(const MDB_val& v) {
 
 }  // namespace
 
-std::string AliasKey(uint64_t policy_id, absl::string_view alias) {
-  std::string k(8, '\0');
-  PutBE64(reinterpret_cast<uint8_t*>(k.data()), policy_id);
-  k.append(alias.data(), alias.size());
-  return k;
+AliasLogKey::AliasLogKey(uint64_t policy_id, absl::string_view alias)
+    : prefix_size(9 + alias.size()) {
+  PutBE64(b.data(), policy_id);
+  b[8] = static_cast<uint8_t>(alias.size());
+  std::memcpy(b.data() + 9, alias.data(), alias.size());
+}
+
+int SeekLastAliasLogEntry(Cursor& c, AliasLogKey& key, MDB_val* k, MDB_val* v) {
+  // The first key past every entry of the alias (entry numbers are below 2^64 - 1), then one
+  // back; past the end of the database, the last key.
+  *k = key.entry(UINT64_MAX);
+  int rc = c.Get(k, v, MDB_SET_RANGE);
+  if (rc == 0) {
+    rc = c.Get(k, v, MDB_PREV);
+  } else if (rc == MDB_NOTFOUND) {
+    rc = c.Get(k, v, MDB_LAST);
+  }
+  if (rc != 0) return rc;
+  // The entry before may belong to another alias, or another policy: only the prefix tells.
+  return IsEntryOf(*k, key.prefix()) ? 0 : MDB_NOTFOUND;
+}
+
+absl::StatusOr<uint64_t> AliasLogEntryTo(const MDB_val& v) {
+  // Alias log keys have any length, so values sit at any even address; FlatBuffers reads in
+  // place only from an aligned one.
+  alignas(8) std::array<uint8_t, 256> stack;
+  std::unique_ptr<uint64_t[]> heap;
+  std::span<const uint8_t> bytes = ValBytes(v);
+  if (reinterpret_cast<uintptr_t>(v.mv_data) % alignof(uint64_t) != 0) {
+    uint8_t* to = stack.data();
+    if (v.mv_size > stack.size()) {
+      heap = std::make_unique<uint64_t[]>((v.mv_size + 7) / 8);
+      to = reinterpret_cast<uint8_t*>(heap.get());
+    }
+    std::memcpy(to, v.mv_data, v.mv_size);
+    bytes = {to, v.mv_size};
+  }
+  LORADB_ASSIGN_OR_RETURN(const codec::fb::AliasLogEntry* e,
+                          codec::VerifyTable<codec::fb::AliasLogEntry>(bytes, "alias log"));
+  return e->to_revision();
 }
 
 absl::StatusOr<RevisionView> ViewRevisionBytes(std::span<const uint8_t> bytes, uint64_t key_id,
@@ -77,16 +114,45 @@ absl::StatusOr<RevisionView> TxnRevisionViewBySeq(MDB_txn* txn, const Catalog::D
 }
 
 absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
-                                     const std::string& alias) {
-  const std::string key = AliasKey(policy_id, alias);
-  MDB_val v;
-  absl::Status st = Get(txn, d.aliases, StrVal(key), &v, "alias");
-  if (absl::IsNotFound(st)) {
+                                     absl::string_view alias) {
+  Cursor c(txn, d.alias_log);
+  LORADB_RETURN_IF_ERROR(c.status());
+  AliasLogKey key(policy_id, alias);
+  MDB_val k, v;
+  const int rc = SeekLastAliasLogEntry(c, key, &k, &v);
+  if (rc == MDB_NOTFOUND) {
     return absl::NotFoundError(absl::StrCat("alias '", alias, "' is not set"));
   }
-  LORADB_RETURN_IF_ERROR(st);
-  if (v.mv_size != 8) return absl::DataLossError("catalog: alias value is not 8 bytes");
-  return GetBE64(v.mv_data);
+  if (rc != 0) return LmdbError(rc, "alias log");
+  return AliasLogEntryTo(v);
+}
+
+absl::Status TxnForEachAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
+                             absl::FunctionRef<absl::Status(absl::string_view, uint64_t)> fn) {
+  Cursor c(txn, d.alias_log);
+  LORADB_RETURN_IF_ERROR(c.status());
+  U64Key pk(policy_id);
+  MDB_val k = pk.val(), v;
+  int rc = c.Get(&k, &v, MDB_SET_RANGE);
+  while (rc == 0 && k.mv_size >= 8 && GetBE64(k.mv_data) == policy_id) {
+    // The first entry of the next alias: its length byte gives its prefix; skip to its last entry.
+    const auto* p = static_cast<const uint8_t*>(k.mv_data);
+    if (k.mv_size < 9 || k.mv_size != 9u + p[8] + 8u) {
+      return absl::DataLossError(absl::StrCat("catalog: alias log key of ", k.mv_size,
+                                              " bytes under policy id ", policy_id,
+                                              " does not hold its alias's length"));
+    }
+    AliasLogKey key(policy_id, absl::string_view(reinterpret_cast<const char*>(p + 9), p[8]));
+    rc = SeekLastAliasLogEntry(c, key, &k, &v);
+    if (rc != 0) break;
+    LORADB_ASSIGN_OR_RETURN(const uint64_t to, AliasLogEntryTo(v));
+    LORADB_RETURN_IF_ERROR(
+        fn(absl::string_view(reinterpret_cast<const char*>(key.b.data()) + 9, key.prefix_size - 9),
+           to));
+    rc = c.Get(&k, &v, MDB_NEXT);
+  }
+  if (rc != 0 && rc != MDB_NOTFOUND) return LmdbError(rc, "alias log");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RevisionView> TxnRevisionViewByAlias(MDB_txn* txn, const Catalog::Dbis& d,
@@ -124,7 +190,7 @@ absl::StatusOr<PolicyView> TxnPolicyViewById(MDB_txn* txn, const Catalog::Dbis& 
   LORADB_ASSIGN_OR_RETURN(
       const codec::fb::Policy* table,
       codec::VerifyTable<codec::fb::Policy>(scope.copies.Align(ValBytes(v)), "policy"));
-  return CatalogViewAccess::MakePolicy(table, scope);
+  return CatalogViewAccess::MakePolicy(table, id, scope);
 }
 
 absl::StatusOr<uint64_t> TxnPolicyIdByName(MDB_txn* txn, const Catalog::Dbis& d,

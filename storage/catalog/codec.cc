@@ -142,7 +142,10 @@ absl::StatusOr<BaseRecord> DecodeBase(Bytes bytes) {
   return r;
 }
 
-std::string EncodePolicy(const PolicyRecord& r) {
+namespace {
+
+// `with_id`: schema v1-v6 stored the id; v7 leaves it to the key (0 is left out of the record).
+std::string EncodePolicy(const PolicyRecord& r, bool with_id) {
   FlatBufferBuilder b(256);
   auto name = Str(b, r.name);
   auto base = Str(b, r.base);
@@ -154,14 +157,21 @@ std::string EncodePolicy(const PolicyRecord& r) {
     }
     labels = b.CreateVector(v);
   }
-  b.Finish(fb::CreatePolicy(b, 1, r.id, name, base, labels, r.created_us, r.archived, r.next_seq));
+  b.Finish(fb::CreatePolicy(b, 1, with_id ? r.id : 0, name, base, labels, r.created_us, r.archived,
+                            r.next_seq));
   return Finish(b);
 }
 
-PolicyRecord PolicyFromTable(const fb::Policy& table) {
+}  // namespace
+
+std::string EncodePolicy(const PolicyRecord& r) { return EncodePolicy(r, false); }
+
+std::string EncodePolicyWithId(const PolicyRecord& r) { return EncodePolicy(r, true); }
+
+PolicyRecord PolicyFromTable(const fb::Policy& table, uint64_t id) {
   const fb::Policy* p = &table;
   PolicyRecord r;
-  r.id = p->id();
+  r.id = id;
   r.name = Str(p->name());
   r.base = Str(p->base());
   if (p->labels() != nullptr) {
@@ -173,15 +183,15 @@ PolicyRecord PolicyFromTable(const fb::Policy& table) {
   return r;
 }
 
-absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes) {
+absl::StatusOr<PolicyRecord> DecodePolicy(Bytes bytes, uint64_t key_id) {
   auto root = Root<fb::Policy>(bytes, "policy");
   if (!root.ok()) return root.status();
-  return PolicyFromTable(*root->root);
+  return PolicyFromTable(*root->root, key_id);
 }
 
-std::string EncodeRevision(const RevisionRecord& r) {
+std::string EncodeRevision(const RevisionRecord& r, absl::string_view policy_base) {
   FlatBufferBuilder b(256);
-  BuildRevision(b, r);
+  BuildRevision(b, r, policy_base);
   return Finish(b);
 }
 
@@ -232,11 +242,21 @@ std::vector<std::string> TargetsOfMask(uint32_t mask) {
 
 }  // namespace
 
-void BuildRevision(FlatBufferBuilder& b, const RevisionRecord& r) {
+namespace {
+
+// Layouts 3 and 4 (`layout`): the same table. Layout 4 leaves the base out when it equals
+// `policy_base` and otherwise stores it even when empty; layout 3 stores it unless it is empty.
+void BuildRevisionV3(FlatBufferBuilder& b, const RevisionRecord& r, uint16_t layout,
+                     absl::string_view policy_base) {
   b.Clear();
   const uint8_t dtype_code = DtypeCode(r.dtype);
   const uint32_t target_mask = TargetMask(r.lora.target_modules);
-  auto base = Str(b, r.base);
+  Offset<flatbuffers::String> base;
+  if (layout == 3) {
+    base = Str(b, r.base);
+  } else if (r.base != policy_base) {
+    base = b.CreateString(r.base);
+  }
   auto dtype = dtype_code != 0 ? Offset<flatbuffers::String>() : Str(b, r.dtype);
   Offset<flatbuffers::Vector<Offset<flatbuffers::String>>> targets;
   if (target_mask == 0 && !r.lora.target_modules.empty()) {
@@ -252,8 +272,20 @@ void BuildRevision(FlatBufferBuilder& b, const RevisionRecord& r) {
       r.lora.alpha, target_mask, static_cast<fb::SourceKind>(r.source.kind),
       static_cast<fb::Layout>(r.layout), static_cast<fb::RevisionState>(r.state), r.lora.use_rslora,
       dtype_code);
-  b.Finish(fb::CreateRevisionV3(b, kRevisionLayoutVersion, &fixed, base, dtype, targets, mods,
-                                origin, content_hash, evals));
+  b.Finish(fb::CreateRevisionV3(b, layout, &fixed, base, dtype, targets, mods, origin, content_hash,
+                                evals));
+}
+
+}  // namespace
+
+void BuildRevision(FlatBufferBuilder& b, const RevisionRecord& r, absl::string_view policy_base) {
+  BuildRevisionV3(b, r, kRevisionLayoutVersion, policy_base);
+}
+
+std::string EncodeRevisionLayout3(const RevisionRecord& r) {
+  FlatBufferBuilder b(256);
+  BuildRevisionV3(b, r, 3, {});
+  return Finish(b);
 }
 
 std::string EncodeRevisionLayout2(const RevisionRecord& r) {
@@ -412,13 +444,13 @@ const char* Layout3Problem(const fb::RevisionV3& t) {
 
 absl::StatusOr<RevisionTables> VerifyRevision(std::span<const uint8_t> b) {
   RevisionTables t;
-  // A v6 catalog holds layout 3 only (migration rewrites older records), so that is tried first:
-  // one verification. Every layout stores its version where the others do (the root table's
-  // first field; layout 1 leaves it out, reading 1), so a record cannot pass as another layout
-  // even where its bytes happen to verify as one.
+  // A v7 catalog holds layout 4 only (migration rewrites older records), which is the layout-3
+  // table, so that is tried first: one verification. Every layout stores its version where the
+  // others do (the root table's first field; layout 1 leaves it out, reading 1), so a record cannot
+  // pass as another layout even where its bytes happen to verify as one.
   if (VerifyRevisionBuffer<fb::RevisionV3>(b)) {
     const fb::RevisionV3* root = flatbuffers::GetRoot<fb::RevisionV3>(b.data());
-    if (root->version() == 3) {
+    if (root->version() == 3 || root->version() == kRevisionLayoutVersion) {
       const absl::string_view problem = Layout3Problem(*root);
       if (!problem.empty()) {
         return absl::DataLossError(
@@ -465,11 +497,26 @@ RevisionRecord RevisionFromTables(const RevisionTables& t, uint64_t id) {
   return t.v2 != nullptr ? RevisionFromFixedLayout(*t.v2, id) : RevisionFromLayout1(*t.v1);
 }
 
-absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes, uint64_t key_id) {
+absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes, uint64_t key_id,
+                                              PolicyBaseFn policy_base) {
   std::unique_ptr<uint64_t[]> aligned;
   auto t = VerifyRevision(AlignedBytes(bytes, &aligned));
   if (!t.ok()) return t.status();
-  return RevisionFromTables(*t, key_id);
+  RevisionRecord r = RevisionFromTables(*t, key_id);
+  if (BaseFromPolicy(*t)) {
+    auto base = policy_base(r.policy_id);
+    if (!base.ok()) return base.status();
+    r.base = std::move(*base);
+  }
+  return r;
+}
+
+absl::StatusOr<RevisionRecord> DecodeRevision(Bytes bytes, uint64_t key_id) {
+  return DecodeRevision(bytes, key_id, [](uint64_t policy_id) -> absl::StatusOr<std::string> {
+    return absl::FailedPreconditionError(
+        absl::StrCat("catalog: revision record leaves its base to policy id ", policy_id,
+                     ", and no policy base was given to read it"));
+  });
 }
 
 absl::StatusOr<RevisionState> DecodeRevisionState(Bytes bytes) {

@@ -15,14 +15,13 @@ thread_local bool tl_map_full = false;
 
 }  // namespace
 
-const std::array<NamedDb, 12> kNamedDbs = {{
+const std::array<NamedDb, 11> kNamedDbs = {{
     {"meta", &Catalog::Dbis::meta, 0},
     {"bases", &Catalog::Dbis::bases, 0},
     {"policies", &Catalog::Dbis::policies, 0},
     {"policy_by_id", &Catalog::Dbis::policy_by_id, 0},
     {"revisions", &Catalog::Dbis::revisions, 0},
     {"policy_revisions", &Catalog::Dbis::policy_revisions, MDB_DUPSORT | MDB_DUPFIXED},
-    {"aliases", &Catalog::Dbis::aliases, 0},
     {"alias_log", &Catalog::Dbis::alias_log, 0},
     {"checkpoints", &Catalog::Dbis::checkpoints, 0},
     {"policy_checkpoints", &Catalog::Dbis::policy_checkpoints, MDB_DUPSORT | MDB_DUPFIXED},

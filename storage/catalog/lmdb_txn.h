@@ -9,11 +9,13 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -31,8 +33,7 @@ struct Catalog::Dbis {
   MDB_dbi policy_by_id = 0;
   MDB_dbi revisions = 0;
   MDB_dbi policy_revisions = 0;
-  MDB_dbi aliases = 0;
-  MDB_dbi alias_log = 0;
+  MDB_dbi alias_log = 0;  // also the aliases' values: the `to` of each alias's last entry (v7)
   MDB_dbi checkpoints = 0;
   MDB_dbi policy_checkpoints = 0;
   MDB_dbi blobs = 0;
@@ -59,30 +60,39 @@ class CatalogAlignedCopies {
   std::vector<std::unique_ptr<uint64_t[]>> copies_;
 };
 
-// Where views made inside one transaction belong: the slot they check (null in the catalog's
-// own write transactions, whose views never leave the function that made them), its epoch at
-// the start of the transaction, and the copies of misaligned values.
+// Where views made inside one transaction belong: the transaction and the database handles (a
+// revision view reads its policy's record there for a base it leaves to the policy), the slot
+// they check (null in the catalog's own write transactions, whose views never leave the function
+// that made them), its epoch at the start of the transaction, and the copies of misaligned
+// values. A view keeps a pointer to its scope, so the scope must outlive its views.
 struct CatalogViewScope {
+  CatalogViewScope(MDB_txn* t, const Catalog::Dbis* d) : txn(t), dbi(d) {}
+  CatalogViewScope(const CatalogViewScope&) = delete;
+  CatalogViewScope& operator=(const CatalogViewScope&) = delete;
+  MDB_txn* txn;
+  const Catalog::Dbis* dbi;
   const CatalogReadSlot* slot = nullptr;
   uint64_t epoch = 0;
   CatalogAlignedCopies copies;
 };
 
 struct CatalogReader::State {
-  MDB_txn* txn = nullptr;
-  const Catalog::Dbis* dbi = nullptr;
+  State(MDB_txn* t, const Catalog::Dbis* d) : txn(t), dbi(d), scope(t, d) {}
+  MDB_txn* txn;
+  const Catalog::Dbis* dbi;
   CatalogViewScope scope;
 };
 
 // Builds views and readers (their constructors are private) and reads a view's table.
 struct CatalogViewAccess {
   static RevisionView MakeRevision(const void* table, uint8_t layout, uint64_t id,
-                                   const CatalogViewScope& s) {
-    return RevisionView(table, layout, id, s.slot, s.epoch);
+                                   CatalogViewScope& s) {
+    return RevisionView(table, layout, id, &s, s.slot, s.epoch);
   }
-  static PolicyView MakePolicy(const void* table, const CatalogViewScope& s) {
-    return PolicyView(table, s.slot, s.epoch);
+  static PolicyView MakePolicy(const void* table, uint64_t id, const CatalogViewScope& s) {
+    return PolicyView(table, id, s.slot, s.epoch);
   }
+  static CatalogViewScope* ScopeOf(const RevisionView& v) { return v.scope_; }
   static CatalogReader MakeReader(CatalogReader::State* state) { return CatalogReader(state); }
   static CatalogReader::State& StateOf(const CatalogReader& r) { return *r.state_; }
 };
@@ -99,7 +109,7 @@ struct NamedDb {
   unsigned flags;
 };
 // Every named database, in the order docs/format-catalog.md lists them.
-extern const std::array<NamedDb, 12> kNamedDbs;
+extern const std::array<NamedDb, 11> kNamedDbs;
 
 // An LMDB return code as a status naming `what` (NotFound, AlreadyExists, ResourceExhausted for
 // a full map or reader table, DataLoss for corruption, ...). MDB_MAP_FULL also raises this
@@ -193,11 +203,51 @@ absl::StatusOr<PolicyView> TxnPolicyViewById(MDB_txn* txn, const Catalog::Dbis& 
 // The policy id under `name` in `policies`; InvalidArgument for an invalid name.
 absl::StatusOr<uint64_t> TxnPolicyIdByName(MDB_txn* txn, const Catalog::Dbis& d,
                                            const std::string& name);
-// The revision an alias points at; NotFound when unset.
+
+// ---- aliases: the alias_log database holds every move of an alias; its value is the `to` of its
+// last entry (schema v7, which has no `aliases` database).
+
+// An alias_log key on the stack: policy id (u64 BE) ++ alias length (u8) ++ alias, then the entry
+// number (u64 BE) after that prefix. `alias` must be at most 255 bytes (alias names are at most
+// 64: ValidateAliasName).
+struct AliasLogKey {
+  static constexpr size_t kMax = 8 + 1 + 255 + 8;
+  AliasLogKey(uint64_t policy_id, absl::string_view alias);
+  // The key without its entry number: every entry of the alias starts with it.
+  MDB_val prefix() { return {prefix_size, b.data()}; }
+  // The key of entry `n`.
+  MDB_val entry(uint64_t n) {
+    PutBE64(b.data() + prefix_size, n);
+    return {prefix_size + 8, b.data()};
+  }
+  std::array<uint8_t, kMax> b;
+  size_t prefix_size;
+};
+
+// Whether `k` is an entry key of the alias whose prefix is `prefix`.
+inline bool IsEntryOf(const MDB_val& k, const MDB_val& prefix) {
+  return k.mv_size == prefix.mv_size + 8 &&
+         std::memcmp(k.mv_data, prefix.mv_data, prefix.mv_size) == 0;
+}
+
+// Positions `c` (a cursor on alias_log) at the last entry of the alias of `key` with one
+// positioning (MDB_SET_RANGE past its last possible entry, then one step back). Returns 0 with
+// `*k`, `*v` set, MDB_NOTFOUND when the alias has no entry, or another LMDB code.
+int SeekLastAliasLogEntry(Cursor& c, AliasLogKey& key, MDB_val* k, MDB_val* v);
+
+// The `to` of an alias log entry value, read in place (through an aligned copy on the stack when
+// the value is misaligned; the heap only for values over 256 bytes). DataLoss when the value
+// fails verification.
+absl::StatusOr<uint64_t> AliasLogEntryTo(const MDB_val& v);
+
+// The revision an alias points at (its last log entry's `to`); NotFound when it has no entry.
 absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
-                                     const std::string& alias);
-// "policy id (u64) ++ alias": the aliases key.
-std::string AliasKey(uint64_t policy_id, absl::string_view alias);
+                                     absl::string_view alias);
+
+// Calls `fn(alias, revision)` for every alias of `policy_id` in key order (alias length, then
+// bytes), one cursor positioning per alias. Stops at fn's first error and returns it.
+absl::Status TxnForEachAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
+                             absl::FunctionRef<absl::Status(absl::string_view, uint64_t)> fn);
 
 }  // namespace catalog_lmdb
 }  // namespace loradb

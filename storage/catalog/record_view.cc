@@ -68,7 +68,16 @@ uint64_t RevisionView::policy_id() const { LORADB_REVISION_FIELD(f.policy_id(), 
 uint64_t RevisionView::seq() const { LORADB_REVISION_FIELD(f.seq(), r->seq()); }
 absl::string_view RevisionView::base() const {
   const void* t = checked_table();
-  if (layout_ == 3) return StrView(V3(t)->base());
+  if (layout_ == 3) {
+    const fb::RevisionV3* r = V3(t);
+    catalog_codec::RevisionTables tables;
+    tables.v3 = r;
+    if (!catalog_codec::BaseFromPolicy(tables)) return StrView(r->base());
+    // Layout 4 leaves the base to the policy: its record, in this view's transaction.
+    auto policy = catalog_lmdb::TxnPolicyViewById(scope_->txn, *scope_->dbi,
+                                                  r->fixed()->policy_id(), *scope_);
+    return policy.ok() ? policy->base() : absl::string_view();
+  }
   return StrView(layout_ == 2 ? V2(t)->base() : V1(t)->base());
 }
 uint64_t RevisionView::parent() const { LORADB_REVISION_FIELD(f.parent(), r->parent()); }
@@ -124,7 +133,9 @@ RevisionRecord RevisionView::ToRecord() const {
   } else {
     tables.v1 = V1(t);
   }
-  return catalog_codec::RevisionFromTables(tables, id_);
+  RevisionRecord r = catalog_codec::RevisionFromTables(tables, id_);
+  if (catalog_codec::BaseFromPolicy(tables)) r.base = std::string(base());
+  return r;
 }
 
 // ---- PolicyView
@@ -135,7 +146,10 @@ const void* PolicyView::checked_table() const {
   return table_;
 }
 
-uint64_t PolicyView::id() const { return Pol(checked_table())->id(); }
+uint64_t PolicyView::id() const {
+  checked_table();
+  return id_;
+}
 absl::string_view PolicyView::name() const { return StrView(Pol(checked_table())->name()); }
 absl::string_view PolicyView::base() const { return StrView(Pol(checked_table())->base()); }
 bool PolicyView::archived() const { return Pol(checked_table())->archived(); }

@@ -27,9 +27,11 @@ namespace loradb {
 // PutPolicyNameKey): names that count up are appended instead of splitting pages in half, and
 // writes alias log entries with the catalog's own reasons as one byte (AliasLogEntry.reason_kind).
 // v6 stores revision records in layout 3 (RevisionV3: the usual dtypes and target-module lists
-// as a code and bits of the fixed struct), about 30% smaller again. storage/maintenance migrates
-// older stores forward.
-inline constexpr uint32_t kCatalogSchemaVersion = 6;
+// as a code and bits of the fixed struct), about 30% smaller again. v7 drops the `aliases`
+// database (an alias's value is the `to` of its last `alias_log` entry, which every move writes),
+// writes revision records in layout 4 (the base left to the policy when it is the policy's) and
+// policy records without their id (the key). storage/maintenance migrates older stores forward.
+inline constexpr uint32_t kCatalogSchemaVersion = 7;
 
 struct Architecture {
   std::string family;  // HF model_type ("qwen3", "qwen3_moe") or "custom"

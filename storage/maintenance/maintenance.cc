@@ -119,7 +119,7 @@ absl::Status DeepCatalogChecks(const Catalog& cat, StoreVerifyReport* rep) {
   for (const auto& [rev, parent] : parents) {
     check_ref(parent, absl::StrCat("revision ", rev, "'s parent"));
   }
-  // Alias logs: a chain whose last `to` is the alias's value.
+  // Alias logs: an unbroken chain (the alias's value is the last entry's `to`).
   LORADB_ASSIGN_OR_RETURN(std::vector<PolicyRecord> policies, cat.ListPolicies());
   for (const PolicyRecord& p : policies) {
     LORADB_ASSIGN_OR_RETURN(std::vector<AliasEntry> aliases, cat.ListAliases(p.id));
@@ -130,10 +130,6 @@ absl::Status DeepCatalogChecks(const Catalog& cat, StoreVerifyReport* rep) {
       if (log.empty()) {
         problem(absl::StrCat(name, " has no log entry"));
         continue;
-      }
-      if (log.back().to_revision != a.revision) {
-        problem(absl::StrCat(name, " points at ", a.revision,
-                             " but its last log entry moved it to ", log.back().to_revision));
       }
       if (log.front().from_revision != 0 && !exists(log.front().from_revision) &&
           log.front().from_revision >= high_water) {
@@ -497,11 +493,15 @@ absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir, const Migrate
                                        " policy records: next_seq becomes a lower bound (publishes "
                                        "no longer rewrite the policy record)"));
   }
-  if (rep.from_version < 6) {
-    rep.changes.push_back(absl::StrCat(plan.revisions_kept,
-                                       " revision records: layout 3 (fixed fields in one struct "
-                                       "with the usual dtypes and target modules as a code and "
-                                       "bits, the id left to the key)"));
+  if (rep.from_version < 7) {
+    rep.changes.push_back(absl::StrCat(
+        plan.revisions_kept,
+        " revision records: layout 4 (fixed fields in one struct with the usual dtypes and target "
+        "modules as a code and bits, the id left to the key, the base left to the policy)"));
+    rep.changes.push_back(absl::StrCat(plan.policies, " policy records: the id left to the key"));
+    rep.changes.push_back(absl::StrCat("drop the aliases database: ", plan.aliases,
+                                       " aliases, each equal to its log's last entry, are read "
+                                       "from the log"));
   }
   if (rep.from_version < 5) {
     rep.changes.push_back(absl::StrCat(plan.policies,

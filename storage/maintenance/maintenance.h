@@ -122,8 +122,9 @@ struct MigrateReport {
 // rewrites blob layouts (`repack`, which needs a current store: migrate first). New blob files
 // are written durably before the catalog swap; the old ones stay for the previous generation and
 // are collected by a later compaction. A current store without repack is left alone (OK, no
-// changes). FailedPrecondition for a store newer than this
-// build; Unavailable while the store is in use.
+// changes). FailedPrecondition for a store newer than this build, and for a store older than v7
+// where an alias's value in `aliases` is not the `to` of its log's last entry (the message names
+// the alias; nothing is changed); Unavailable while the store is in use.
 [[nodiscard]] absl::StatusOr<MigrateReport> MigrateStore(const std::string& dir,
                                                          const MigrateOptions& options);
 
@@ -155,8 +156,8 @@ struct StoreVerifyReport {
 };
 
 // Verifies the store in `dir` through the Store (catalog cross-checks, every blob present with
-// the recorded size and xxh3-128) plus the maintenance checks: each alias equals the `to` of its
-// last log entry, its log entries are numbered 1, 2, ... (commit order; their wall-clock times
+// the recorded size and xxh3-128) plus the maintenance checks: each alias's log entries (whose
+// last `to` is the alias's value) are numbered 1, 2, ... (commit order; their wall-clock times
 // are not compared) and every entry's `from` is the previous entry's `to`; the v2
 // revisions_by_blob index matches the revision records exactly; revision references point at
 // existing revisions or at pruned ids. A non-OK status only when the store cannot be opened or

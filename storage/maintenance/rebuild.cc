@@ -51,21 +51,32 @@ MDB_val Val(const std::string& s) { return {s.size(), const_cast<char*>(s.data()
 codec::Bytes Bytes(const MDB_val& v) { return {static_cast<const uint8_t*>(v.mv_data), v.mv_size}; }
 
 // The revision record layout a store of schema `version` holds.
-int RevisionLayoutOf(uint32_t version) { return version >= 6 ? 3 : version >= 4 ? 2 : 1; }
+int RevisionLayoutOf(uint32_t version) {
+  return version >= 7 ? 4 : version >= 6 ? 3 : version >= 4 ? 2 : 1;
+}
 
-// The named databases of each schema version, in a fixed order.
+// The named databases of each schema version, in a fixed order: a store of version v has those
+// with since <= v < until.
 struct DbSpec {
   const char* name;
   unsigned flags;
   uint32_t since;
+  uint32_t until = UINT32_MAX;
+  bool in(uint32_t version) const { return since <= version && version < until; }
 };
 constexpr DbSpec kDbs[] = {
-    {"meta", 0, 1},        {"bases", 0, 1},
-    {"policies", 0, 1},    {"policy_by_id", 0, 1},
-    {"revisions", 0, 1},   {"policy_revisions", MDB_DUPSORT | MDB_DUPFIXED, 1},
-    {"aliases", 0, 1},     {"alias_log", 0, 1},
-    {"checkpoints", 0, 1}, {"policy_checkpoints", MDB_DUPSORT | MDB_DUPFIXED, 1},
-    {"blobs", 0, 1},       {"revisions_by_blob", MDB_DUPSORT | MDB_DUPFIXED, 2},
+    {"meta", 0, 1},
+    {"bases", 0, 1},
+    {"policies", 0, 1},
+    {"policy_by_id", 0, 1},
+    {"revisions", 0, 1},
+    {"policy_revisions", MDB_DUPSORT | MDB_DUPFIXED, 1},
+    {"aliases", 0, 1, 7},  // v7: an alias's value is its last alias_log entry's `to`
+    {"alias_log", 0, 1},
+    {"checkpoints", 0, 1},
+    {"policy_checkpoints", MDB_DUPSORT | MDB_DUPFIXED, 1},
+    {"blobs", 0, 1},
+    {"revisions_by_blob", MDB_DUPSORT | MDB_DUPFIXED, 2},
 };
 constexpr size_t kNumDbs = sizeof(kDbs) / sizeof(kDbs[0]);
 enum DbIndex : size_t {
@@ -175,7 +186,7 @@ absl::Status FsyncFile(const std::string& path) {
 class Appender {
  public:
   Appender(MDB_env* env, uint32_t version, size_t batch) : env_(env), batch_(batch) {
-    for (size_t i = 0; i < kNumDbs; ++i) wanted_[i] = kDbs[i].since <= version;
+    for (size_t i = 0; i < kNumDbs; ++i) wanted_[i] = kDbs[i].in(version);
   }
 
   absl::Status Start() {
@@ -251,6 +262,88 @@ void Report(const RebuildSpec& spec, absl::string_view phase, uint64_t done, uin
   if (spec.progress) spec.progress(phase, done, total);
 }
 
+// Reads every alias's value from the source's alias log (the `to` of its last entry) into
+// `out->alias_values`. A store older than v7 also holds each value in `aliases`, which a v7
+// rebuild drops: every alias there must equal its log's value and every logged alias must be
+// there, else FailedPrecondition naming the alias (nothing is written).
+absl::Status CheckAliases(MDB_txn* txn, const std::array<MDB_dbi, kNumDbs>& dbi,
+                          uint32_t source_version, uint32_t target_version,
+                          const absl::flat_hash_map<uint64_t, PolicyRecord>& policies,
+                          RebuildResult* out) {
+  {
+    Cursor c(txn, dbi[kAliasLog]);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    int rc;
+    // Key order puts an alias's entries together, its last entry last.
+    for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+      const auto* key = static_cast<const uint8_t*>(k.mv_data);
+      if (k.mv_size < 9 || k.mv_size != 9u + key[8] + 8u) {
+        return absl::DataLossError("catalog: alias log key does not hold its alias's length");
+      }
+      LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(Bytes(v)));
+      out->alias_values[std::string(reinterpret_cast<const char*>(key), k.mv_size - 8)] =
+          e.to_revision;
+    }
+    if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan alias_log");
+  }
+  if (!kDbs[kAliases].in(source_version) || kDbs[kAliases].in(target_version)) {
+    return absl::OkStatus();
+  }
+  auto name = [&](uint64_t policy_id, absl::string_view alias) {
+    auto it = policies.find(policy_id);
+    return absl::StrCat(
+        "'", it == policies.end() ? absl::StrCat("policy id ", policy_id) : it->second.name, ":",
+        alias, "'");
+  };
+  const absl::string_view refuse =
+      "; the store is left as it is (v7 keeps an alias's value only as its log's last entry)";
+  Cursor c(txn, dbi[kAliases]);
+  LORADB_RETURN_IF_ERROR(c.status());
+  MDB_val k, v;
+  int rc;
+  uint64_t matched = 0;
+  for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+    if (k.mv_size < 9 || k.mv_size > 8 + 255 || v.mv_size != 8) {
+      return absl::DataLossError("catalog: malformed alias entry");
+    }
+    const uint64_t pid = GetBE64(k.mv_data);
+    const absl::string_view alias(static_cast<const char*>(k.mv_data) + 8, k.mv_size - 8);
+    std::string prefix = BE64(pid);
+    prefix.push_back(static_cast<char>(alias.size()));
+    prefix.append(alias.data(), alias.size());
+    const uint64_t value = GetBE64(v.mv_data);
+    auto it = out->alias_values.find(prefix);
+    if (it == out->alias_values.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot migrate: alias ", name(pid, alias),
+                                                        " points at revision ", value,
+                                                        " but has no log entry", refuse));
+    }
+    if (it->second != value) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot migrate: alias ", name(pid, alias), " points at revision ", value,
+                       " but its log's last entry moved it to ", it->second, refuse));
+    }
+    ++matched;
+  }
+  if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan aliases");
+  if (matched != out->alias_values.size()) {
+    for (const auto& [prefix, to] : out->alias_values) {
+      const uint64_t pid = GetBE64(prefix.data());
+      const absl::string_view alias(prefix.data() + 9, prefix.size() - 9);
+      std::string key = BE64(pid);
+      key.append(alias.data(), alias.size());
+      MDB_val kk = Val(key), vv;
+      if (mdb_get(txn, dbi[kAliases], &kk, &vv) == MDB_NOTFOUND) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot migrate: alias ", name(pid, alias), " has a log (last moved to ",
+                         to, ") but no value", refuse));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<uint32_t> ReadEnvSchemaVersion(const std::string& env_dir) {
@@ -292,7 +385,7 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
   LORADB_RETURN_IF_ERROR(rtxn.Begin(src.get(), MDB_RDONLY));
   std::array<MDB_dbi, kNumDbs> sdbi{};
   for (size_t i = 0; i < kNumDbs; ++i) {
-    if (kDbs[i].since > out.source_version) continue;
+    if (!kDbs[i].in(out.source_version)) continue;
     int rc = mdb_dbi_open(rtxn.get(), kDbs[i].name, kDbs[i].flags, &sdbi[i]);
     if (rc != 0) return Lmdb(rc, absl::StrCat("open database ", kDbs[i].name));
   }
@@ -300,7 +393,32 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
   mdb_stat(rtxn.get(), sdbi[kRevisions], &rev_stat);
   const uint64_t total_revisions = rev_stat.ms_entries;
 
-  // ---- plan: which revisions stay, and the blob references they (and checkpoints) hold.
+  // ---- plan: the policies (v7 revision records leave their base to them)...
+  absl::flat_hash_map<uint64_t, PolicyRecord> policies;
+  {
+    Cursor c(rtxn.get(), sdbi[kPolicyById]);
+    LORADB_RETURN_IF_ERROR(c.status());
+    MDB_val k, v;
+    int rc;
+    for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
+      if (k.mv_size != 8) return absl::DataLossError("catalog: policy key is not 8 bytes");
+      LORADB_ASSIGN_OR_RETURN(PolicyRecord p, codec::DecodePolicy(Bytes(v), GetBE64(k.mv_data)));
+      policies.emplace(p.id, std::move(p));
+    }
+    if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan policy_by_id");
+  }
+  auto policy_base = [&](uint64_t policy_id) -> absl::StatusOr<std::string> {
+    auto it = policies.find(policy_id);
+    if (it == policies.end()) {
+      return absl::DataLossError(absl::StrCat("catalog: a revision leaves its base to policy id ",
+                                              policy_id, ", which has no record"));
+    }
+    return it->second.base;
+  };
+  LORADB_RETURN_IF_ERROR(
+      CheckAliases(rtxn.get(), sdbi, out.source_version, spec.target_version, policies, &out));
+
+  // ... which revisions stay, and the blob references they (and checkpoints) hold.
   std::vector<RevInfo> revs;
   revs.reserve(total_revisions);
   {
@@ -310,7 +428,7 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     int rc;
     for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
       LORADB_ASSIGN_OR_RETURN(RevisionRecord r,
-                              codec::DecodeRevision(Bytes(v), GetBE64(k.mv_data)));
+                              codec::DecodeRevision(Bytes(v), GetBE64(k.mv_data), policy_base));
       RevInfo ri;
       ri.id = GetBE64(k.mv_data);
       ri.policy_id = r.policy_id;
@@ -351,15 +469,9 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     }
   }
   if (spec.apply_retention && spec.retention.keep_last > 0) {
+    // Every alias's value (the `to` of its last log entry) stays.
     absl::flat_hash_set<uint64_t> protected_ids;
-    {
-      Cursor c(rtxn.get(), sdbi[kAliases]);
-      LORADB_RETURN_IF_ERROR(c.status());
-      MDB_val k, v;
-      for (int rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-        if (v.mv_size == 8) protected_ids.insert(GetBE64(v.mv_data));
-      }
-    }
+    for (const auto& [prefix, to] : out.alias_values) protected_ids.insert(to);
     {
       // The window starts at an alias's first entry (in entry-number order, which is commit
       // order) whose time falls inside it; every later entry of that alias is inside too, so a
@@ -454,8 +566,7 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     MDB_stat st;
     mdb_stat(rtxn.get(), sdbi[kPolicyById], &st);
     out.policies = st.ms_entries;
-    mdb_stat(rtxn.get(), sdbi[kAliases], &st);
-    out.aliases = st.ms_entries;
+    out.aliases = out.alias_values.size();
   }
   // revisions_by_blob entries of the rebuilt catalog: every kept record with a blob.
   std::vector<std::pair<HashKey, uint64_t>> index;
@@ -533,22 +644,26 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     LORADB_RETURN_IF_ERROR(c.status());
     MDB_val k, v;
     int rc;
+    // Schema v7 policy records leave their id to the key: a migration to it rewrites each one.
+    const bool drop_ids = out.source_version < 7 && spec.target_version >= 7;
     for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
-      LORADB_ASSIGN_OR_RETURN(PolicyRecord pr, codec::DecodePolicy(Bytes(v)));
+      LORADB_ASSIGN_OR_RETURN(PolicyRecord pr, codec::DecodePolicy(Bytes(v), GetBE64(k.mv_data)));
       auto it = last_seq.find(pr.id);
-      if (it == last_seq.end() || pr.next_seq > it->second) {
+      const bool bump = it != last_seq.end() && pr.next_seq <= it->second;
+      if (!bump && !drop_ids) {
         LORADB_RETURN_IF_ERROR(app.Append(kPolicyById, k, v));
         continue;
       }
-      pr.next_seq = it->second + 1;
-      const std::string bytes = codec::EncodePolicy(pr);
+      if (bump) pr.next_seq = it->second + 1;
+      const std::string bytes =
+          spec.target_version >= 7 ? codec::EncodePolicy(pr) : codec::EncodePolicyWithId(pr);
       LORADB_RETURN_IF_ERROR(app.Append(kPolicyById, k, Val(bytes)));
     }
     if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan policy_by_id");
   }
   {
-    // Schema v4 stores revision records in layout 2 and v6 in layout 3: a migration across
-    // either version rewrites every one (the others are copied as they are).
+    // Schema v4 stores revision records in layout 2, v6 in layout 3 and v7 in layout 4: a
+    // migration across any of them rewrites every one (the others are copied as they are).
     const bool relayout =
         RevisionLayoutOf(out.source_version) != RevisionLayoutOf(spec.target_version);
     Cursor c(rtxn.get(), sdbi[kRevisions]);
@@ -562,15 +677,22 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
       }
       auto rw = spec.rewrites.find(revs[i].id);
       if (revs[i].keep && (rw != spec.rewrites.end() || relayout)) {
-        LORADB_ASSIGN_OR_RETURN(RevisionRecord r, codec::DecodeRevision(Bytes(v), revs[i].id));
+        LORADB_ASSIGN_OR_RETURN(RevisionRecord r,
+                                codec::DecodeRevision(Bytes(v), revs[i].id, policy_base));
         if (rw != spec.rewrites.end() && r.state == RevisionState::kLive) {
           r.blob = rw->second.blob;
           r.layout = rw->second.layout;
         }
         const int layout = RevisionLayoutOf(spec.target_version);
-        const std::string bytes = layout == 3   ? codec::EncodeRevision(r)
-                                  : layout == 2 ? codec::EncodeRevisionLayout2(r)
-                                                : codec::EncodeRevisionLayout1(r);
+        std::string bytes;
+        if (layout == 4) {
+          LORADB_ASSIGN_OR_RETURN(const std::string base, policy_base(r.policy_id));
+          bytes = codec::EncodeRevision(r, base);
+        } else {
+          bytes = layout == 3   ? codec::EncodeRevisionLayout3(r)
+                  : layout == 2 ? codec::EncodeRevisionLayout2(r)
+                                : codec::EncodeRevisionLayout1(r);
+        }
         LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, Val(bytes)));
       } else if (revs[i].keep) {
         LORADB_RETURN_IF_ERROR(app.Append(kRevisions, k, v));
@@ -596,8 +718,9 @@ absl::StatusOr<RebuildResult> Rebuild(const std::string& src_env_dir,
     }
     if (rc != MDB_NOTFOUND) return Lmdb(rc, "scan policy_revisions");
   }
+  // v7 drops `aliases` (CheckAliases found each one equal to its log's last `to`).
   for (size_t db : {kAliases, kAliasLog, kCheckpoints, kPolicyCheckpoints}) {
-    LORADB_RETURN_IF_ERROR(copy_db(db));
+    if (kDbs[db].in(spec.target_version)) LORADB_RETURN_IF_ERROR(copy_db(db));
   }
   for (const auto& [key, value] : blob_rows) {
     LORADB_RETURN_IF_ERROR(app.Append(kBlobs, Val(key), Val(value)));
@@ -649,7 +772,8 @@ absl::Status WriteV1Catalog(const std::string& store_dir, const V1Catalog& cat, 
   }
   std::sort(policies.begin(), policies.end(), [](auto& a, auto& b) { return a.id < b.id; });
   for (const PolicyRecord& p : policies) {
-    LORADB_RETURN_IF_ERROR(app.Append(kPolicyById, Val(BE64(p.id)), Val(codec::EncodePolicy(p))));
+    LORADB_RETURN_IF_ERROR(
+        app.Append(kPolicyById, Val(BE64(p.id)), Val(codec::EncodePolicyWithId(p))));
   }
   // Revisions (ids ascending), and the (policy, seq, id) index.
   std::vector<std::array<uint64_t, 3>> pr;

@@ -50,6 +50,9 @@ struct RebuildResult {
   uint64_t policies = 0;
   uint64_t aliases = 0;
   uint64_t checkpoints = 0;
+  // Every alias's value (the `to` of its last log entry), by its alias_log key prefix (policy id
+  // ++ alias length ++ alias).
+  std::map<std::string, uint64_t> alias_values;
   // Relative paths of blobs with references in the rebuilt / the source catalog.
   std::set<std::string> kept_blob_relpaths;
   std::set<std::string> source_blob_relpaths;

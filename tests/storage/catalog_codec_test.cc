@@ -47,7 +47,7 @@ TEST(CatalogCodecTest, DecodesRecordsAtAnyAlignment) {
   rev.blob.hash = Hash128{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
   rev.blob.bytes = 4096;
   rev.created_us = 99;
-  const std::string rev_bytes = EncodeRevision(rev);
+  const std::string rev_bytes = EncodeRevision(rev, "another-base");
   auto logs = AtEveryOffset(log_bytes);
   auto revs = AtEveryOffset(rev_bytes);
   for (size_t off = 0; off < 8; ++off) {
@@ -72,9 +72,9 @@ TEST(CatalogCodecTest, DecodesRecordsAtAnyAlignment) {
   EXPECT_TRUE(absl::IsDataLoss(bad.status())) << bad.status();
 }
 
-// Layout 3 (written since schema v6), layout 2 (v4-v5) and layout 1 (read from older stores)
-// hold the same record; layouts 2 and 3 leave the id to the key, and each is smaller than the one
-// before.
+// Layout 4 (written since schema v7), layout 3 (v6), layout 2 (v4-v5) and layout 1 (read from
+// older stores) hold the same record; layouts 2-4 leave the id to the key, layout 4 the base to
+// the policy when it is the policy's, and each is smaller than the one before.
 TEST(CatalogCodecTest, RevisionLayoutsReadTheSame) {
   RevisionRecord rev;
   rev.id = 7;
@@ -100,16 +100,29 @@ TEST(CatalogCodecTest, RevisionLayoutsReadTheSame) {
   rev.evals = {{"acc", 0.5f}};
   const std::string v1 = EncodeRevisionLayout1(rev);
   const std::string v2 = EncodeRevisionLayout2(rev);
-  const std::string v3 = EncodeRevision(rev);
+  const std::string v3 = EncodeRevisionLayout3(rev);
+  const std::string v4 = EncodeRevision(rev, "qwen3-4b");
   EXPECT_LT(v2.size(), v1.size());
   EXPECT_LT(v3.size(), v2.size());
+  EXPECT_LT(v4.size(), v3.size());
   auto a = DecodeRevision(At(AtEveryOffset(v1)[0], 0, v1.size()), 99);
   auto b = DecodeRevision(At(AtEveryOffset(v2)[0], 0, v2.size()), 7);
   auto c = DecodeRevision(At(AtEveryOffset(v3)[0], 0, v3.size()), 7);
+  uint64_t asked = 0;
+  auto d = DecodeRevision(At(AtEveryOffset(v4)[0], 0, v4.size()), 7,
+                          [&](uint64_t policy_id) -> absl::StatusOr<std::string> {
+                            asked = policy_id;
+                            return "qwen3-4b";
+                          });
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE(c.ok()) << c.status();
-  for (const RevisionRecord* r : {&*a, &*b, &*c}) {
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(asked, 3u);  // the record's policy
+  // Without the policy's base, a layout-4 record that leaves it to the policy is not read.
+  auto e = DecodeRevision(At(AtEveryOffset(v4)[0], 0, v4.size()), 7);
+  EXPECT_TRUE(absl::IsFailedPrecondition(e.status())) << e.status();
+  for (const RevisionRecord* r : {&*a, &*b, &*c, &*d}) {
     EXPECT_EQ(r->id, 7u);  // layout 1: the stored id; layouts 2 and 3: the key
     EXPECT_EQ(r->policy_id, 3u);
     EXPECT_EQ(r->seq, 2u);
@@ -135,7 +148,7 @@ TEST(CatalogCodecTest, RevisionLayoutsReadTheSame) {
 }
 
 RevisionRecord RoundTrip(const RevisionRecord& rev, size_t* size = nullptr) {
-  const std::string bytes = EncodeRevision(rev);
+  const std::string bytes = EncodeRevision(rev, "policy-base");
   if (size != nullptr) *size = bytes.size();
   auto r = DecodeRevision(At(AtEveryOffset(bytes)[0], 0, bytes.size()), rev.id);
   EXPECT_TRUE(r.ok()) << r.status();
@@ -215,6 +228,63 @@ TEST(CatalogCodecTest, Layout3RefusesUnknownCodesAndFieldsStoredTwice) {
     auto r = decode(c.bytes);
     EXPECT_TRUE(absl::IsDataLoss(r.status())) << c.problem << ": " << r.status();
     EXPECT_NE(r.status().message().find(c.problem), std::string::npos) << r.status();
+  }
+}
+
+// Layout 4 leaves a revision's base out only when it is its policy's; any other base, the empty
+// one included, is stored and reads back as written, whatever the policy's base is.
+TEST(CatalogCodecTest, Layout4LeavesOutOnlyThePolicysBase) {
+  RevisionRecord rev;
+  rev.id = 5;
+  rev.policy_id = 2;
+  rev.seq = 1;
+  rev.lora.r = 16;
+  rev.dtype = "BF16";
+  auto policy_base = [](uint64_t) -> absl::StatusOr<std::string> { return "qwen3-4b"; };
+  size_t own_size = 0;
+  for (const std::string base : {"qwen3-4b", "qwen3-30b", ""}) {
+    rev.base = base;
+    const std::string bytes = EncodeRevision(rev, "qwen3-4b");
+    if (base == "qwen3-4b") own_size = bytes.size();
+    auto r = DecodeRevision(At(AtEveryOffset(bytes)[0], 0, bytes.size()), 5, policy_base);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->base, base);
+    // A record whose base is not the policy's reads without the policy.
+    auto plain = DecodeRevision(At(AtEveryOffset(bytes)[0], 0, bytes.size()), 5);
+    EXPECT_EQ(plain.ok(), base != "qwen3-4b") << base;
+    if (plain.ok()) {
+      EXPECT_EQ(plain->base, base);
+    }
+    if (base == "qwen3-30b") {
+      EXPECT_GE(bytes.size(), own_size + 12);
+    }
+  }
+  // Layout 3 stores no empty base: an absent base reads as empty there, never as the policy's.
+  rev.base = "";
+  const std::string v3 = EncodeRevisionLayout3(rev);
+  auto r3 = DecodeRevision(At(AtEveryOffset(v3)[0], 0, v3.size()), 5, policy_base);
+  ASSERT_TRUE(r3.ok()) << r3.status();
+  EXPECT_EQ(r3->base, "");
+}
+
+// v7 policy records leave the id to the key; v1-v6 records store it. Both read the key's id.
+TEST(CatalogCodecTest, PolicyRecordsTakeTheirIdFromTheKey) {
+  PolicyRecord p;
+  p.id = 77;
+  p.name = "acme/support";
+  p.base = "qwen3-4b";
+  p.created_us = 1700000000000000;
+  const std::string v7 = EncodePolicy(p);
+  const std::string v6 = EncodePolicyWithId(p);
+  EXPECT_EQ(v7.size() + 8, v6.size());
+  EXPECT_EQ(v7.size() % 8, 0u);  // views read it in place under an 8-byte key
+  for (const std::string* bytes : {&v7, &v6}) {
+    auto d = DecodePolicy(At(AtEveryOffset(*bytes)[0], 0, bytes->size()), 77);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->id, 77u);
+    EXPECT_EQ(d->name, "acme/support");
+    EXPECT_EQ(d->base, "qwen3-4b");
+    EXPECT_EQ(d->created_us, p.created_us);
   }
 }
 

@@ -4,11 +4,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tests/test_paths.h"
 #include "storage/catalog/codec.h"
 #include "storage/maintenance/maintenance.h"
 #include "storage/util/store_lock.h"
 #include "tests/storage/maint_test_util.h"
+#include "tests/test_paths.h"
 #include "tests/test_util.h"
 
 namespace loradb {
@@ -27,6 +27,18 @@ size_t CountFiles(const std::string& dir) {
   size_t n = 0;
   for (auto& e : fs::recursive_directory_iterator(dir)) n += e.is_regular_file() ? 1 : 0;
   return n;
+}
+
+// Copies the checked-in fixture `fixture` of schema `version` to `dir` and checks that this build
+// refuses to open it, pointing at `loradb migrate`.
+void CopyOldFixture(const std::string& fixture, uint32_t version, const std::string& dir) {
+  maint_test::CopyTree(fixture, dir);
+  ASSERT_EQ(*ReadStoreSchemaVersion(dir), version);
+  StoreOptions so;
+  so.create_if_missing = false;
+  auto refused = Store::Open(dir, so);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("loradb migrate"), std::string::npos);
 }
 
 TEST(Compact, DropsDeletedKeepsVisibleRevisionsAndCollectsBlobs) {
@@ -240,30 +252,45 @@ std::string BE64(uint64_t v) {
   return s;
 }
 
-TEST_F(VerifyCorruption, RecordPointingAtNothing) {
-  // An alias of policy 1 pointing at revision 999, which never existed.
-  RawPut(dir_, "aliases", BE64(1) + "ghost", BE64(999));
-  const std::string problems = VerifyProblems(dir_);
-  EXPECT_NE(problems.find("ghost"), std::string::npos) << problems;
+// The alias_log key of entry `n` of `alias` on policy `policy_id`.
+std::string AliasLogKey(uint64_t policy_id, const std::string& alias, uint64_t n) {
+  return BE64(policy_id) + std::string(1, static_cast<char>(alias.size())) + alias + BE64(n);
 }
 
-TEST_F(VerifyCorruption, AliasLogOutOfStepWithTheAlias) {
-  // serving points at 5 (log: 1, 3, 5); make the alias say 6 without a log entry.
-  RawPut(dir_, "aliases", BE64(1) + "serving", BE64(6));
+std::string LogEntry(uint64_t from, uint64_t to) {
+  AliasLogEntry e;
+  e.time_us = 1;
+  e.from_revision = from;
+  e.to_revision = to;
+  e.reason = "set";
+  return catalog_codec::EncodeAliasLogEntry(e);
+}
+
+TEST_F(VerifyCorruption, RecordPointingAtNothing) {
+  // An alias of policy 1 whose only move went to revision 999, which never existed.
+  RawPut(dir_, "alias_log", AliasLogKey(1, "ghost", 1), LogEntry(0, 999));
   const std::string problems = VerifyProblems(dir_);
-  EXPECT_NE(problems.find("last log entry"), std::string::npos) << problems;
+  EXPECT_NE(problems.find("alias 'ghost' of policy id 1 points at missing"), std::string::npos)
+      << problems;
+}
+
+TEST_F(VerifyCorruption, AliasLogChainBroken) {
+  // serving's log: 0 -> 1, 1 -> 3, 3 -> 5. An entry 4 moving from 3 (not 5) to 6 breaks the
+  // chain; the alias's value is 6, a live revision, so only the chain check sees it.
+  RawPut(dir_, "alias_log", AliasLogKey(1, "serving", 4), LogEntry(3, 6));
+  const std::string problems = VerifyProblems(dir_);
+  EXPECT_NE(problems.find("'a/p:serving' log entry 4 moves from 3 but entry 3 moved it to 5"),
+            std::string::npos)
+      << problems;
+  auto s = OpenStore(dir_);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->GetRevisionByAlias("a/p", "serving")->id, 6u);
 }
 
 TEST_F(VerifyCorruption, AliasLogNumberGap) {
   // serving's log holds entries 1..3; an entry numbered 7 (from 5 to 5: the chain and the alias
   // still agree) leaves a gap in the commit order.
-  AliasLogEntry e;
-  e.time_us = 1;
-  e.from_revision = 5;
-  e.to_revision = 5;
-  e.reason = "set";
-  RawPut(dir_, "alias_log", BE64(1) + std::string(1, '\x07') + "serving" + BE64(7),
-         catalog_codec::EncodeAliasLogEntry(e));
+  RawPut(dir_, "alias_log", AliasLogKey(1, "serving", 7), LogEntry(5, 5));
   const std::string problems = VerifyProblems(dir_);
   EXPECT_NE(problems.find("'a/p:serving' log entry 4 is numbered 7"), std::string::npos)
       << problems;
@@ -297,7 +324,7 @@ TEST(Migrate, V1StoreMovesForward) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->from_version, 1u);
   EXPECT_EQ(plan->to_version, kCatalogSchemaVersion);
-  ASSERT_EQ(plan->changes.size(), 5u);
+  ASSERT_EQ(plan->changes.size(), 7u);
   EXPECT_EQ(plan->index_entries, 4u);
   EXPECT_EQ(*ReadStoreSchemaVersion(dir), 1u);  // dry run: unchanged
 
@@ -346,6 +373,89 @@ TEST(Migrate, CompactRefusesAnOldStore) {
   EXPECT_TRUE(absl::IsFailedPrecondition(rep.status())) << rep.status();
   EXPECT_NE(rep.status().message().find("migrate"), std::string::npos);
   EXPECT_EQ(VerifyProblems(dir).find("schema version 1"), 0u);
+}
+
+// ---- v6 -> v7: the `aliases` database is dropped; each alias must equal its log's last `to`.
+
+const std::string kV6Fixture = std::string(LORADB_SOURCE_DIR) + "/tests/storage/fixtures/v6_store";
+
+// Migration refuses a v6 store whose `aliases` value disagrees with the log, or whose log has an
+// alias `aliases` lacks, naming the alias, and leaves the store as it was (still v6, same bytes).
+TEST(Migrate, V6RefusesAnAliasThatIsNotItsLogsLastEntry) {
+  struct Case {
+    const char* db;
+    std::string key, value;
+    const char* message;
+  };
+  const Case cases[] = {
+      // a/p:serving's log ends at 6 (see WriteRichStoreWithAliasMoves).
+      {"aliases", BE64(1) + "serving", BE64(5),
+       "alias 'a/p:serving' points at revision 5 but its log's last entry moved it to 6"},
+      {"aliases", BE64(2) + "canary", BE64(7),
+       "alias 'b/q:canary' points at revision 7 but has no log entry"},
+      {"alias_log", AliasLogKey(2, "ghost", 1), LogEntry(0, 7),
+       "alias 'b/q:ghost' has a log (last moved to 7) but no value"},
+  };
+  for (const Case& c : cases) {
+    TempDir t;
+    const std::string dir = t.file("store");
+    CopyOldFixture(kV6Fixture, 6, dir);
+    RawPut(dir, c.db, c.key, c.value);
+    auto before = ReadFileToString(dir + "/catalog/data.mdb");
+    ASSERT_TRUE(before.ok());
+    for (bool dry_run : {true, false}) {
+      MigrateOptions o;
+      o.dry_run = dry_run;
+      auto rep = MigrateStore(dir, o);
+      EXPECT_TRUE(absl::IsFailedPrecondition(rep.status())) << rep.status();
+      EXPECT_NE(rep.status().message().find(c.message), std::string::npos) << rep.status();
+    }
+    EXPECT_EQ(*ReadStoreSchemaVersion(dir), 6u);
+    EXPECT_FALSE(fs::exists(dir + "/catalog/prev.mdb"));
+    auto after = ReadFileToString(dir + "/catalog/data.mdb");
+    ASSERT_TRUE(after.ok());
+    EXPECT_TRUE(*before == *after) << c.message;
+  }
+}
+
+// A v6 store migrated to v7 has no `aliases` database; every alias reads from its log, and
+// further moves and rollbacks continue the log's numbering.
+TEST(Migrate, V6AliasesMoveOnFromTheirLog) {
+  TempDir t;
+  const std::string dir = t.file("store");
+  CopyOldFixture(kV6Fixture, 6, dir);
+  auto rep = MigrateStore(dir, {});
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->from_version, 6u);
+  EXPECT_EQ(VerifyProblems(dir), "");
+  {
+    MDB_env* env;
+    ASSERT_EQ(mdb_env_create(&env), 0);
+    mdb_env_set_maxdbs(env, 16);
+    ASSERT_EQ(mdb_env_open(env, (dir + "/catalog").c_str(), MDB_RDONLY | MDB_NOTLS, 0644), 0);
+    MDB_txn* txn;
+    ASSERT_EQ(mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn), 0);
+    MDB_dbi dbi;
+    EXPECT_EQ(mdb_dbi_open(txn, "aliases", 0, &dbi), MDB_NOTFOUND);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+  }
+  auto s = OpenStore(dir);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->GetRevisionByAlias("a/p", "serving")->id, 6u);
+  EXPECT_EQ(s->GetRevisionByAlias("a/p", "serving2")->id, 1u);
+  EXPECT_EQ(s->GetRevisionByAlias("c/r", "serving")->id, 10u);
+  EXPECT_EQ(*s->Rollback("a/p", "serving"), 5u);
+  EXPECT_EQ(*s->Rollback("a/p", "serving"), 6u);
+  ASSERT_TRUE(s->SetAlias("a/p", "serving2", 3).ok());
+  auto log = s->AliasLog("a/p", "serving");
+  ASSERT_TRUE(log.ok());
+  ASSERT_EQ(log->size(), 8u);
+  EXPECT_EQ(log->back().seq, 8u);
+  EXPECT_EQ(log->back().reason, "rollback");
+  EXPECT_EQ(s->GetRevisionByAlias("a/p", "serving2")->id, 3u);
+  s.reset();
+  EXPECT_EQ(VerifyProblems(dir), "");
 }
 
 TEST(Migrate, RefusesANewerStore) {
@@ -422,22 +532,19 @@ const std::string kV2Fixture = std::string(LORADB_SOURCE_DIR) + "/tests/storage/
 TEST(V2Fixture, MigratesAndKeepsEverySeq) {
   TempDir t;
   const std::string dir = t.file("store");
-  maint_test::CopyTree(kV2Fixture, dir);
-  ASSERT_EQ(*ReadStoreSchemaVersion(dir), 2u);
-  StoreOptions so;
-  so.create_if_missing = false;
-  auto refused = Store::Open(dir, so);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("loradb migrate"), std::string::npos);
+  CopyOldFixture(kV2Fixture, 2, dir);
 
   auto rep = MigrateStore(dir, {});
   ASSERT_TRUE(rep.ok()) << rep.status();
   EXPECT_EQ(rep->from_version, 2u);
   EXPECT_EQ(rep->to_version, kCatalogSchemaVersion);
-  ASSERT_EQ(rep->changes.size(), 4u);
+  ASSERT_EQ(rep->changes.size(), 6u);
   EXPECT_NE(rep->changes[1].find("next_seq"), std::string::npos) << rep->changes[1];
-  EXPECT_NE(rep->changes[2].find("layout 3"), std::string::npos) << rep->changes[2];
-  EXPECT_NE(rep->changes[3].find("policy names"), std::string::npos) << rep->changes[3];
+  EXPECT_NE(rep->changes[2].find("layout 4"), std::string::npos) << rep->changes[2];
+  EXPECT_NE(rep->changes[3].find("policy records: the id"), std::string::npos) << rep->changes[3];
+  EXPECT_NE(rep->changes[4].find("drop the aliases database"), std::string::npos)
+      << rep->changes[4];
+  EXPECT_NE(rep->changes[5].find("policy names"), std::string::npos) << rep->changes[5];
   EXPECT_EQ(*ReadStoreSchemaVersion(dir), kCatalogSchemaVersion);
   EXPECT_EQ(VerifyProblems(dir), "");
   auto snap = Snapshot(dir);
