@@ -223,6 +223,16 @@ enum class GemmB { kNK, kKN };
 void Gemm(const float* a, int64_t lda, GemmA a_layout, int64_t m, int64_t k, const float* b,
           int64_t ldb, GemmB b_layout, int64_t j_begin, int64_t j_end, float* c, int64_t ldc);
 
+// Attention of one new token (a decode step) over `len` cached keys and values, fp32:
+// out[h * head_dim + j] = sum_t softmax_t(scale * q[h] . K[g][t]) * V[g][t][j] for each query head
+// h < heads, with g = h / (heads / kv_heads) its key/value head (grouped-query attention). q is
+// [heads, head_dim]; K[g][t] starts at k + g * head_stride + t * head_dim, likewise V in v (a KV
+// cache laid out [kv_heads, capacity, head_dim] has head_stride = capacity * head_dim). A
+// sequence's result depends on its own q, K and V only. Runs on the calling thread; len >= 1.
+void DecodeAttention(const float* q, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                     const float* k, const float* v, int64_t head_stride, int64_t len, float scale,
+                     float* out);
+
 // Whether DenseLinear runs vector code on this CPU (AVX-512 or AVX2); with only the portable set
 // a BLAS library is the better choice.
 bool DenseLinearIsVectorized();

@@ -92,4 +92,11 @@ std::pair<at::Tensor, at::Tensor> KvCache::Append(SeqId seq, int64_t layer, cons
 
 void KvCache::Commit(SeqId seq, int64_t n) { seqs_.at(seq).length += n; }
 
+KvCache::LayerSpan KvCache::Span(SeqId seq, int64_t layer) {
+  Sequence& s = seqs_.at(seq);
+  const int64_t head_stride = s.kv.size(3) * head_dim_;
+  float* k = s.kv.data_ptr<float>() + layer * 2 * num_kv_heads_ * head_stride;
+  return {k, k + num_kv_heads_ * head_stride, head_stride, s.length};
+}
+
 }  // namespace loradb::model

@@ -54,6 +54,18 @@ class KvCache {
   // Advances the length of `seq` by `n` after all layers appended.
   void Commit(SeqId seq, int64_t n);
 
+  // Where `layer` of `seq` keeps its K and V, for a float32 cache on the CPU (the CPU decode
+  // attention writes and reads it in place): kv head g's cached token t is at
+  // k + g * head_stride + t * head_dim (likewise v); `length` tokens are committed, and room for
+  // those Reserve made follows them.
+  struct LayerSpan {
+    float* k;
+    float* v;
+    int64_t head_stride;
+    int64_t length;
+  };
+  LayerSpan Span(SeqId seq, int64_t layer);
+
  private:
   struct Sequence {
     at::Tensor kv;  // [layers, 2, kv_heads, capacity, head_dim]

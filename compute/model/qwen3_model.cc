@@ -1,5 +1,6 @@
 #include "compute/model/qwen3_model.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "compute/model/checkpoint.h"
 #include "compute/model/dense_linear.h"
 #include "compute/model/torch_dtype.h"
+#include "kernels/lora_kernels.h"
 #include "storage/formats/weights_fingerprint.h"
 #include "storage/util/status_macros.h"
 
@@ -412,6 +414,42 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
   return ReducePartial(Project(ctx, attn, l.o, l.o_bias, layer, LoraTarget::kO));
 }
 
+bool Qwen3Model::UsesCpuDecodeAttention(const Context& ctx, const at::Tensor& q,
+                                        const at::Tensor& k, const at::Tensor& v) const {
+  const bool graph =
+      at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  return ctx.cache != nullptr && device_.is_cpu() && dtype_ == at::kFloat && !graph;
+}
+
+void Qwen3Model::CpuDecodeAttention(const Context& ctx, int64_t layer, const at::Tensor& q,
+                                    const at::Tensor& k, const at::Tensor& v,
+                                    const std::vector<size_t>& seqs,
+                                    const std::vector<int64_t>& rows, at::Tensor& out) const {
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads, kvh = config_.num_key_value_heads;
+  const float scaling = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  const float* qp = qc.data_ptr<float>();
+  const float* kp = kc.data_ptr<float>();
+  const float* vp = vc.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // Each sequence reads and writes only its own cache buffer and output row.
+  at::parallel_for(0, static_cast<int64_t>(seqs.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = rows[static_cast<size_t>(i)];
+      const KvCache::LayerSpan span =
+          ctx.cache->Span(ctx.cache_seqs[seqs[static_cast<size_t>(i)]], layer);
+      for (int64_t g = 0; g < kvh; ++g) {
+        const int64_t at = g * span.head_stride + span.length * hd;
+        std::copy_n(kp + (row * kvh + g) * hd, hd, span.k + at);
+        std::copy_n(vp + (row * kvh + g) * hd, hd, span.v + at);
+      }
+      kernels::cpu::DecodeAttention(qp + row * nh * hd, nh, kvh, hd, span.k, span.v,
+                                    span.head_stride, span.length + 1, scaling, op + row * nh * hd);
+    }
+  });
+}
+
 at::Tensor Qwen3Model::AttendCausal(const Context& ctx, int64_t layer, const at::Tensor& q,
                                     at::Tensor k, at::Tensor v) const {
   const int64_t hd = config_.head_dim;
@@ -419,6 +457,29 @@ at::Tensor Qwen3Model::AttendCausal(const Context& ctx, int64_t layer, const at:
   const int64_t rep = nh / kvh;
   const double scaling = 1.0 / std::sqrt(static_cast<double>(hd));
   const std::vector<int64_t>& lens = ctx.root_lens;
+
+  // Sequences adding one token to a CPU fp32 cache (decode steps) attend through the CPU
+  // kernel, which writes the new K and V into the cache and reads it in place: a handful of
+  // LibTorch operations per sequence and layer would cost more than the attention itself.
+  // Every other sequence takes the LibTorch path below; its rows are filled in after.
+  const bool cpu_decode = UsesCpuDecodeAttention(ctx, q, k, v);
+  std::vector<size_t> decode_seqs;
+  std::vector<int64_t> decode_rows;
+  if (cpu_decode) {
+    int64_t offset = 0;
+    for (size_t s = 0; s < lens.size(); ++s) {
+      if (lens[s] == 1) {
+        decode_seqs.push_back(s);
+        decode_rows.push_back(offset);
+      }
+      offset += lens[s];
+    }
+  }
+  if (!decode_seqs.empty() && decode_seqs.size() == lens.size()) {
+    at::Tensor out = at::empty({q.size(0), nh * hd}, q.options());
+    CpuDecodeAttention(ctx, layer, q, k, v, decode_seqs, decode_rows, out);
+    return out;
+  }
 
   if (ctx.uniform_len > 0 && lens.size() > 1) {
     // S sequences of n new tokens each, all with `past` cached tokens: one batched attention
@@ -457,6 +518,14 @@ at::Tensor Qwen3Model::AttendCausal(const Context& ctx, int64_t layer, const at:
   int64_t offset = 0;
   for (size_t s = 0; s < lens.size(); ++s) {
     const int64_t n = lens[s];
+    if (cpu_decode && n == 1) {
+      at::Tensor row = at::empty({1, nh * hd}, q.options());
+      CpuDecodeAttention(ctx, layer, q.narrow(0, offset, 1), k.narrow(0, offset, 1),
+                         v.narrow(0, offset, 1), {s}, {0}, row);
+      outs.push_back(std::move(row));
+      offset += n;
+      continue;
+    }
     at::Tensor qs = q.narrow(0, offset, n).transpose(0, 1);  // [nh, n, hd]
     at::Tensor ks = k.narrow(0, offset, n).transpose(0, 1);  // [kvh, n, hd]
     at::Tensor vs = v.narrow(0, offset, n).transpose(0, 1);

@@ -164,6 +164,17 @@ class Qwen3Model {
   // Causal attention of sequences that continue none, [rows, heads * head_dim] before o_proj.
   at::Tensor AttendCausal(const Context& ctx, int64_t layer, const at::Tensor& q, at::Tensor k,
                           at::Tensor v) const;
+  // Whether the sequences of this forward that add one token attend through the CPU kernel
+  // (a float32 model and cache on the CPU, no autograd graph recorded).
+  bool UsesCpuDecodeAttention(const Context& ctx, const at::Tensor& q, const at::Tensor& k,
+                              const at::Tensor& v) const;
+  // Root sequences `seqs` (indices into the batch's sequences) of one token each, at rows `rows`
+  // of q, k and v ([rows, heads or kv_heads, head_dim]): writes their K and V into the cache at
+  // its current length and their attention output into the same rows of `out`
+  // ([rows, heads * head_dim]).
+  void CpuDecodeAttention(const Context& ctx, int64_t layer, const at::Tensor& q,
+                          const at::Tensor& k, const at::Tensor& v, const std::vector<size_t>& seqs,
+                          const std::vector<int64_t>& rows, at::Tensor& out) const;
   // Attention of the continuing sequences' queries `q` over their prefix's keys and their own;
   // `k`, `v` hold every row's keys and values.
   at::Tensor AttendContinuations(const Context& ctx, const at::Tensor& q, const at::Tensor& k,

@@ -58,6 +58,14 @@ struct IsaKernels {
   // A GEMM operand stored index-major packed into one k-major panel (a transpose):
   // panel[p * width + l] = src[l * ld + p] for l < valid, 0 for valid <= l < width; p < kc.
   void (*pack_rows_t)(const float* src, int64_t ld, int64_t kc, int valid, int width, float* panel);
+  // One query against n rows of keys (decode attention's scores): out[t] = scale * dot(q[0..d),
+  // rows[t * ld .. t * ld + d)) for t < n.
+  void (*dot_rows)(const float* q, const float* rows, int64_t ld, int64_t n, int64_t d, float scale,
+                   float* out);
+  // Weights over n rows of values (decode attention's output): out[0..d) = sum over t < n, in
+  // t order, of p[t] * rows[t * ld .. t * ld + d).
+  void (*weighted_rows)(const float* p, const float* rows, int64_t ld, int64_t n, int64_t d,
+                        float* out);
 };
 
 const IsaKernels& PortableKernels();

@@ -276,6 +276,63 @@ TEST_P(ModelKindTest, PrefillThenDecodeMatchesFullSequence) {
   EXPECT_LT(RelErr(Logits(*m, last, &cache), ref.narrow(0, 9, 1)), 1e-5);
 }
 
+// Sequences at different lengths in one batch: decode steps beside a prefill, then decode steps
+// with every sequence at its own length (on a float32 CPU model these attend through the CPU
+// decode kernel, the prefill through LibTorch). Each sequence's logits match its full-sequence
+// forward, and a decode step's logits are the same bits batched as alone.
+TEST_P(ModelKindTest, DecodeStepsAtDifferentLengthsMatchFullSequences) {
+  TempDir dir;
+  auto m = WriteAndLoad(dir, GetParam());
+  ASSERT_NE(m, nullptr);
+  const std::vector<std::vector<int64_t>> seqs = {
+      {5, 900, 31, 31, 7, 1000, 2, 64}, {3, 1, 4, 1, 5, 9, 2, 6}, {77, 78, 79, 80, 81, 82, 83}};
+  std::vector<at::Tensor> ref;
+  for (const std::vector<int64_t>& s : seqs) {
+    ForwardInput full;
+    full.token_ids = Ids(s);
+    ref.push_back(Logits(*m, full));
+  }
+  KvCache cache = m->NewKvCache(), alone_cache = m->NewKvCache();
+  std::vector<KvCache::SeqId> ids, alone_ids;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ids.push_back(cache.AddSequence(2));  // regrows while decoding
+    alone_ids.push_back(alone_cache.AddSequence(2));
+  }
+  std::vector<int64_t> pos(seqs.size(), 0);
+  // Each step: (sequence, tokens it adds).
+  const std::vector<std::vector<std::pair<size_t, int64_t>>> steps = {
+      {{0, 3}, {1, 1}},          // a prefill beside a one-token first step
+      {{0, 1}, {1, 1}, {2, 3}},  // two decode steps beside a prefill
+      {{0, 1}, {1, 1}, {2, 1}},  // decode steps at lengths 4, 3, 3
+      {{1, 1}, {0, 1}, {2, 1}}, {{2, 1}, {0, 1}}, {{0, 1}, {1, 2}, {2, 1}}};
+  for (const auto& step : steps) {
+    ForwardInput in;
+    std::vector<int64_t> tokens;
+    for (const auto& [s, n] : step) {
+      tokens.insert(tokens.end(), seqs[s].begin() + pos[s], seqs[s].begin() + pos[s] + n);
+      in.seq_lens.push_back(n);
+      in.cache_seqs.push_back(ids[s]);
+    }
+    in.token_ids = Ids(tokens);
+    const at::Tensor got = Logits(*m, in, &cache);
+    int64_t row = 0;
+    for (const auto& [s, n] : step) {
+      SCOPED_TRACE(::testing::Message() << "sequence " << s << " at " << pos[s] << " + " << n);
+      EXPECT_LT(RelErr(got.narrow(0, row, n), ref[s].narrow(0, pos[s], n)), 1e-5);
+      ForwardInput one;
+      one.token_ids = Ids({seqs[s].begin() + pos[s], seqs[s].begin() + pos[s] + n});
+      one.cache_seqs = {alone_ids[s]};
+      const at::Tensor alone = Logits(*m, one, &alone_cache);
+      if (n == 1) {
+        EXPECT_TRUE(at::equal(got.narrow(0, row, n), alone));
+      }
+      row += n;
+      pos[s] += n;
+    }
+  }
+  for (size_t s = 0; s < seqs.size(); ++s) EXPECT_EQ(*cache.Length(ids[s]), pos[s]);
+}
+
 TEST_P(ModelKindTest, BatchedSequencesMatchSeparateRuns) {
   TempDir dir;
   auto m = WriteAndLoad(dir, GetParam());
