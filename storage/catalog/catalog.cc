@@ -118,7 +118,7 @@ absl::StatusOr<AliasLogEntry> TxnLastAliasLog(MDB_txn* txn, const Catalog::Dbis&
   Cursor c(txn, d.alias_log);
   LORADB_RETURN_IF_ERROR(c.status());
   MDB_val k, v;
-  const int rc = catalog_lmdb::SeekLastAliasLogEntry(c, key, &k, &v);
+  const int rc = catalog_lmdb::SeekLastAliasLogEntry(c.get(), key, &k, &v);
   if (rc == MDB_NOTFOUND)
     return absl::NotFoundError(absl::StrCat("alias '", alias, "' has no log"));
   if (rc != 0) return LmdbError(rc, "alias log");
@@ -409,6 +409,8 @@ Catalog::~Catalog() {
   {
     MutexLock lock(&pool_mu_);
     for (auto& slot : slots_) {
+      if (slot->alias_log != nullptr) mdb_cursor_close(slot->alias_log);
+      slot->alias_log = nullptr;
       if (slot->txn != nullptr) mdb_txn_abort(slot->txn);
       slot->txn = nullptr;
     }

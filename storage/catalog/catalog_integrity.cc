@@ -164,7 +164,7 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
         const uint64_t pid = GetBE64(key);
         const std::string alias(reinterpret_cast<const char*>(key) + 9, key[8]);
         catalog_lmdb::AliasLogKey alias_key(pid, alias);
-        rc = catalog_lmdb::SeekLastAliasLogEntry(c, alias_key, &k, &v);
+        rc = catalog_lmdb::SeekLastAliasLogEntry(c.get(), alias_key, &k, &v);
         if (rc != 0) break;
         auto id = catalog_lmdb::AliasLogEntryTo(v);
         if (!id.ok()) {

@@ -41,15 +41,15 @@ AliasLogKey::AliasLogKey(uint64_t policy_id, absl::string_view alias)
   std::memcpy(b.data() + 9, alias.data(), alias.size());
 }
 
-int SeekLastAliasLogEntry(Cursor& c, AliasLogKey& key, MDB_val* k, MDB_val* v) {
+int SeekLastAliasLogEntry(MDB_cursor* c, AliasLogKey& key, MDB_val* k, MDB_val* v) {
   // The first key past every entry of the alias (entry numbers are below 2^64 - 1), then one
   // back; past the end of the database, the last key.
   *k = key.entry(UINT64_MAX);
-  int rc = c.Get(k, v, MDB_SET_RANGE);
+  int rc = mdb_cursor_get(c, k, v, MDB_SET_RANGE);
   if (rc == 0) {
-    rc = c.Get(k, v, MDB_PREV);
+    rc = mdb_cursor_get(c, k, v, MDB_PREV);
   } else if (rc == MDB_NOTFOUND) {
-    rc = c.Get(k, v, MDB_LAST);
+    rc = mdb_cursor_get(c, k, v, MDB_LAST);
   }
   if (rc != 0) return rc;
   // The entry before may belong to another alias, or another policy: only the prefix tells.
@@ -117,6 +117,10 @@ absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint6
                                      absl::string_view alias) {
   Cursor c(txn, d.alias_log);
   LORADB_RETURN_IF_ERROR(c.status());
+  return GetAlias(c.get(), policy_id, alias);
+}
+
+absl::StatusOr<uint64_t> GetAlias(MDB_cursor* c, uint64_t policy_id, absl::string_view alias) {
   AliasLogKey key(policy_id, alias);
   MDB_val k, v;
   const int rc = SeekLastAliasLogEntry(c, key, &k, &v);
@@ -143,7 +147,7 @@ absl::Status TxnForEachAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t poli
                                               " does not hold its alias's length"));
     }
     AliasLogKey key(policy_id, absl::string_view(reinterpret_cast<const char*>(p + 9), p[8]));
-    rc = SeekLastAliasLogEntry(c, key, &k, &v);
+    rc = SeekLastAliasLogEntry(c.get(), key, &k, &v);
     if (rc != 0) break;
     LORADB_ASSIGN_OR_RETURN(const uint64_t to, AliasLogEntryTo(v));
     LORADB_RETURN_IF_ERROR(
@@ -160,7 +164,21 @@ absl::StatusOr<RevisionView> TxnRevisionViewByAlias(MDB_txn* txn, const Catalog:
                                                     CatalogViewScope& scope) {
   LORADB_RETURN_IF_ERROR(ValidateAliasName(alias));
   if (alias != kVirtualLatest) {
-    LORADB_ASSIGN_OR_RETURN(const uint64_t id, TxnGetAlias(txn, d, policy_id, alias));
+    uint64_t id = 0;
+    if (const CatalogReadSlot* slot = scope.slot) {
+      // The slot's own cursor, bound to this transaction once per transaction: no allocation.
+      int rc = 0;
+      if (slot->alias_log == nullptr) {
+        rc = mdb_cursor_open(txn, d.alias_log, &slot->alias_log);
+      } else if (slot->alias_log_epoch != scope.epoch) {
+        rc = mdb_cursor_renew(txn, slot->alias_log);
+      }
+      if (rc != 0) return LmdbError(rc, "alias log cursor");
+      slot->alias_log_epoch = scope.epoch;
+      LORADB_ASSIGN_OR_RETURN(id, GetAlias(slot->alias_log, policy_id, alias));
+    } else {
+      LORADB_ASSIGN_OR_RETURN(id, TxnGetAlias(txn, d, policy_id, alias));
+    }
     return TxnRevisionView(txn, d, id, scope);
   }
   // `latest`: walk the policy's index from its highest seq down to the first live revision.

@@ -46,6 +46,12 @@ struct Catalog::Dbis {
 struct CatalogReadSlot {
   MDB_txn* txn = nullptr;
   std::atomic<uint64_t> epoch{0};
+  // A cursor on alias_log kept across the slot's transactions (LMDB lets read-only cursors be
+  // renewed), so alias lookups in views allocate nothing: opened on first use, renewed when
+  // `alias_log_epoch` is not the slot's epoch, closed with the Catalog. Only the thread holding
+  // the slot touches it.
+  mutable MDB_cursor* alias_log = nullptr;
+  mutable uint64_t alias_log_epoch = 0;
 };
 
 // Aligned copies of values LMDB returned at addresses FlatBuffers cannot read in place (LMDB
@@ -233,7 +239,7 @@ inline bool IsEntryOf(const MDB_val& k, const MDB_val& prefix) {
 // Positions `c` (a cursor on alias_log) at the last entry of the alias of `key` with one
 // positioning (MDB_SET_RANGE past its last possible entry, then one step back). Returns 0 with
 // `*k`, `*v` set, MDB_NOTFOUND when the alias has no entry, or another LMDB code.
-int SeekLastAliasLogEntry(Cursor& c, AliasLogKey& key, MDB_val* k, MDB_val* v);
+int SeekLastAliasLogEntry(MDB_cursor* c, AliasLogKey& key, MDB_val* k, MDB_val* v);
 
 // The `to` of an alias log entry value, read in place (through an aligned copy on the stack when
 // the value is misaligned; the heap only for values over 256 bytes). DataLoss when the value
@@ -241,6 +247,9 @@ int SeekLastAliasLogEntry(Cursor& c, AliasLogKey& key, MDB_val* k, MDB_val* v);
 absl::StatusOr<uint64_t> AliasLogEntryTo(const MDB_val& v);
 
 // The revision an alias points at (its last log entry's `to`); NotFound when it has no entry.
+// Reads through `c`, a cursor on alias_log in the transaction.
+absl::StatusOr<uint64_t> GetAlias(MDB_cursor* c, uint64_t policy_id, absl::string_view alias);
+// The same with a cursor of its own.
 absl::StatusOr<uint64_t> TxnGetAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t policy_id,
                                      absl::string_view alias);
 

@@ -136,6 +136,37 @@ TEST_F(CatalogAliasTest, ManyMovesOfOneAlias) {
   EXPECT_EQ(Lookup(p, "canary"), revs[598 % 3]);
 }
 
+// A view's alias lookup reads through a cursor its pooled transaction keeps and renews for each
+// transaction: every lookup sees the snapshot of its own transaction, across many transactions,
+// commits in between and a map that grew (which ends every pooled transaction).
+TEST_F(CatalogAliasTest, ViewLookupsFollowEachTransactionsSnapshot) {
+  TempDir small_dir;
+  CatalogOptions o;
+  o.initial_map_bytes = 64 * 1024;
+  auto small = Catalog::Open(small_dir.path(), o);
+  ASSERT_TRUE(small.ok()) << small.status();
+  cat_ = *small;  // Lookup and Publish use cat_
+  BaseRecord b;
+  b.name = "tiny";
+  b.modules = {{"layers.0.self_attn.q_proj", 8, 16}};
+  ASSERT_TRUE(cat_->PutBase(b).ok());
+  const uint64_t p = NewPolicy("acme/support");
+  std::vector<uint64_t> revs;
+  for (int i = 0; i < 4; ++i) revs.push_back(Publish(p));
+  const uint64_t bytes_before = *cat_->DataBytes();
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t to = revs[static_cast<size_t>(i) % revs.size()];
+    ASSERT_TRUE(cat_->SetAlias(p, "serving", to).ok());
+    EXPECT_EQ(Lookup(p, "serving"), to) << i;
+    if (i == 100) {
+      // Past the 64 KiB map: it grows, which ends every pooled transaction.
+      for (int j = 0; j < 300; ++j) Publish(p);
+    }
+  }
+  EXPECT_GT(*cat_->DataBytes(), 64u * 1024);
+  EXPECT_GT(*cat_->DataBytes(), bytes_before);
+}
+
 // Policies 1-3 hold `serving` / `serving2` so that the log entry just before each probe is another
 // alias's (a name that is a prefix of another, one of the same length) or another policy's, and a
 // policy's last alias is the last key of the database (the MDB_LAST path).
