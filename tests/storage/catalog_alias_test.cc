@@ -141,11 +141,9 @@ TEST_F(CatalogAliasTest, ManyMovesOfOneAlias) {
 // commits in between and a map that grew (which ends every pooled transaction).
 TEST_F(CatalogAliasTest, ViewLookupsFollowEachTransactionsSnapshot) {
   TempDir small_dir;
-  CatalogOptions o;
-  o.initial_map_bytes = 64 * 1024;
-  auto small = Catalog::Open(small_dir.path(), o);
-  ASSERT_TRUE(small.ok()) << small.status();
-  cat_ = *small;  // Lookup and Publish use cat_
+  CatalogOptions small_map;
+  small_map.initial_map_bytes = 64 * 1024;
+  cat_ = Catalog::Open(small_dir.path(), small_map).value();  // Lookup and Publish use cat_
   BaseRecord b;
   b.name = "tiny";
   b.modules = {{"layers.0.self_attn.q_proj", 8, 16}};
