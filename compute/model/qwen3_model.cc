@@ -459,25 +459,20 @@ at::Tensor Qwen3Model::AttendCausal(const Context& ctx, int64_t layer, const at:
   const std::vector<int64_t>& lens = ctx.root_lens;
 
   // Sequences adding one token to a CPU fp32 cache (decode steps) attend through the CPU
-  // kernel, which writes the new K and V into the cache and reads it in place: a handful of
-  // LibTorch operations per sequence and layer would cost more than the attention itself.
-  // Every other sequence takes the LibTorch path below; its rows are filled in after.
+  // kernel, which writes the new K and V into the cache and reads it in place: the LibTorch path
+  // below costs about twenty operations per sequence and layer, more than the attention itself.
+  // A batch of decode steps only goes through the kernel at once; in a batch that mixes them
+  // with longer sequences, the loop below sends each one-token sequence to the kernel.
   const bool cpu_decode = UsesCpuDecodeAttention(ctx, q, k, v);
-  std::vector<size_t> decode_seqs;
-  std::vector<int64_t> decode_rows;
-  if (cpu_decode) {
-    int64_t offset = 0;
+  if (cpu_decode && std::all_of(lens.begin(), lens.end(), [](int64_t n) { return n == 1; })) {
+    std::vector<size_t> seqs(lens.size());
+    std::vector<int64_t> rows(lens.size());
     for (size_t s = 0; s < lens.size(); ++s) {
-      if (lens[s] == 1) {
-        decode_seqs.push_back(s);
-        decode_rows.push_back(offset);
-      }
-      offset += lens[s];
+      seqs[s] = s;
+      rows[s] = static_cast<int64_t>(s);  // one row per sequence
     }
-  }
-  if (!decode_seqs.empty() && decode_seqs.size() == lens.size()) {
     at::Tensor out = at::empty({q.size(0), nh * hd}, q.options());
-    CpuDecodeAttention(ctx, layer, q, k, v, decode_seqs, decode_rows, out);
+    CpuDecodeAttention(ctx, layer, q, k, v, seqs, rows, out);
     return out;
   }
 
