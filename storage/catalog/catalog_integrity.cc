@@ -154,7 +154,7 @@ absl::StatusOr<CatalogIntegrity> Catalog::CheckIntegrity() const {
       int rc = c.Get(&k, &v, MDB_FIRST);
       while (rc == 0) {
         const auto* key = static_cast<const uint8_t*>(k.mv_data);
-        if (k.mv_size < 9 || k.mv_size != 9u + key[8] + 8u) {
+        if (!catalog_keys::IsAliasLogKey(k.mv_data, k.mv_size)) {
           problem(absl::StrCat("alias log key of ", k.mv_size,
                                " bytes does not hold its alias's length"));
           rc = c.Get(&k, &v, MDB_NEXT);

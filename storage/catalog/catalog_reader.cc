@@ -141,7 +141,7 @@ absl::Status TxnForEachAlias(MDB_txn* txn, const Catalog::Dbis& d, uint64_t poli
   while (rc == 0 && k.mv_size >= 8 && GetBE64(k.mv_data) == policy_id) {
     // The first entry of the next alias: its length byte gives its prefix; skip to its last entry.
     const auto* p = static_cast<const uint8_t*>(k.mv_data);
-    if (k.mv_size < 9 || k.mv_size != 9u + p[8] + 8u) {
+    if (!catalog_keys::IsAliasLogKey(k.mv_data, k.mv_size)) {
       return absl::DataLossError(absl::StrCat("catalog: alias log key of ", k.mv_size,
                                               " bytes under policy id ", policy_id,
                                               " does not hold its alias's length"));

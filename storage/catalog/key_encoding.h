@@ -50,6 +50,14 @@ inline bool GetPolicyNameKey(const void* key, size_t size, const char** name, si
   return true;
 }
 
+// `alias_log` keys: policy id (8 bytes, big-endian) ++ alias length (1 byte) ++ alias ++ entry
+// number (8 bytes, big-endian). Whether the `size`-byte key at `key` has that shape: its length
+// byte matches its size.
+inline bool IsAliasLogKey(const void* key, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(key);
+  return size >= 9 && size == 9u + p[8] + 8u;
+}
+
 }  // namespace loradb::catalog_keys
 
 #endif  // LORADB_STORAGE_CATALOG_KEY_ENCODING_H_

@@ -278,7 +278,7 @@ absl::Status CheckAliases(MDB_txn* txn, const std::array<MDB_dbi, kNumDbs>& dbi,
     // Key order puts an alias's entries together, its last entry last.
     for (rc = c.Get(&k, &v, MDB_FIRST); rc == 0; rc = c.Get(&k, &v, MDB_NEXT)) {
       const auto* key = static_cast<const uint8_t*>(k.mv_data);
-      if (k.mv_size < 9 || k.mv_size != 9u + key[8] + 8u) {
+      if (!catalog_keys::IsAliasLogKey(k.mv_data, k.mv_size)) {
         return absl::DataLossError("catalog: alias log key does not hold its alias's length");
       }
       LORADB_ASSIGN_OR_RETURN(AliasLogEntry e, codec::DecodeAliasLogEntry(Bytes(v)));
