@@ -655,8 +655,9 @@ absl::StatusOr<http::Reply> Routes::Completions(const http::Call& call) {
     }
     SendEvent(*r, Chunk(*r, std::move(choices)));
   }
+  std::vector<serving::CompletionRequest> batch;
   for (size_t i = 0; i < p.prompts.size(); ++i) {
-    serving::CompletionRequest req;
+    serving::CompletionRequest& req = batch.emplace_back();
     req.model = p.model == service_->base_name() ? "" : p.model;
     req.prompt = p.prompts[i];
     if (p.max_tokens.has_value()) {
@@ -677,26 +678,18 @@ absl::StatusOr<http::Reply> Routes::Completions(const http::Call& call) {
       return r->prompts[i].choices[static_cast<size_t>(index)].stop_at.has_value();
     };
     req.on_done = [r, i](serving::CompletionResult res) { OnDone(r, i, std::move(res)); };
-    absl::StatusOr<uint64_t> id = service_->Submit(std::move(req));
-    if (!id.ok()) {
-      // Nothing of this request is served: what was submitted stops, the error is the reply.
-      std::vector<uint64_t> ids;
-      {
-        std::lock_guard<std::mutex> lock(r->mu);
-        r->failed = true;
-        ids = r->submitted;
-      }
-      for (uint64_t done : ids) service_->Cancel(done).IgnoreError();
-      absl::Status st = id.status();
-      if (p.prompts.size() > 1) {
-        st = absl::Status(st.code(), absl::StrCat("prompt ", i, ": ", st.message()));
-        auto hint = id.status().GetPayload("type.loradb.dev/retry_after_ms");
-        if (hint.has_value()) st.SetPayload("type.loradb.dev/retry_after_ms", *hint);
-      }
-      return st;
-    }
+  }
+  // All prompts at once: nothing is served when one is refused (the error names it), and the
+  // decoder prefills them in one step.
+  absl::StatusOr<std::vector<uint64_t>> ids = service_->SubmitBatch(std::move(batch));
+  if (!ids.ok()) {
     std::lock_guard<std::mutex> lock(r->mu);
-    r->submitted.push_back(*id);
+    r->failed = true;
+    return ids.status();
+  }
+  {
+    std::lock_guard<std::mutex> lock(r->mu);
+    r->submitted = *std::move(ids);
   }
   // The client leaving cancels every prompt's sequences within a decoder step.
   // Weak references: the stream (held by the request) must not keep the request or the service

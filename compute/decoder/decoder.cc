@@ -167,36 +167,63 @@ absl::StatusOr<uint64_t> Decoder::Submit(GenerateRequest request) {
 }
 
 absl::StatusOr<std::vector<uint64_t>> Decoder::SubmitGroup(std::vector<GenerateRequest> requests) {
-  if (requests.empty()) return absl::InvalidArgumentError("empty request group");
-  for (const GenerateRequest& r : requests) {
-    LORADB_RETURN_IF_ERROR(Validate(r));
-    if (r.adapter != requests[0].adapter || r.prompt_ids != requests[0].prompt_ids) {
-      return absl::InvalidArgumentError(
-          "a request group shares one adapter reference and one prompt");
+  std::vector<std::vector<GenerateRequest>> one;
+  one.push_back(std::move(requests));
+  LORADB_ASSIGN_OR_RETURN(std::vector<std::vector<uint64_t>> ids, SubmitGroups(std::move(one)));
+  return std::move(ids[0]);
+}
+
+absl::StatusOr<std::vector<std::vector<uint64_t>>> Decoder::SubmitGroups(
+    std::vector<std::vector<GenerateRequest>> groups) {
+  if (groups.empty()) return absl::InvalidArgumentError("no request groups");
+  auto named = [&](size_t g, const absl::Status& st) {
+    return groups.size() == 1
+               ? st
+               : absl::Status(st.code(), absl::StrCat("group ", g, ": ", st.message()));
+  };
+  // Every group is checked and resolved before any is queued.
+  std::vector<std::unique_ptr<Sequence>> leaders;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<GenerateRequest>& requests = groups[g];
+    if (requests.empty()) return named(g, absl::InvalidArgumentError("empty request group"));
+    for (const GenerateRequest& r : requests) {
+      if (absl::Status st = Validate(r); !st.ok()) return named(g, st);
+      if (r.adapter != requests[0].adapter || r.prompt_ids != requests[0].prompt_ids) {
+        return named(g, absl::InvalidArgumentError(
+                            "a request group shares one adapter reference and one prompt"));
+      }
     }
+    absl::StatusOr<uint64_t> revision = ResolveAdapter(requests[0].adapter);
+    if (!revision.ok()) return named(g, revision.status());
+    std::unique_ptr<Sequence> leader;
+    for (GenerateRequest& r : requests) {
+      auto seq = std::make_unique<Sequence>();
+      seq->revision = *revision;
+      seq->rng.seed(r.sampling.seed);
+      seq->request = std::move(r);
+      seq->result.revision = *revision;
+      // The first sequence prefills the prompt; the others wait inside it and fork its KV cache.
+      if (leader == nullptr) {
+        leader = std::move(seq);
+      } else {
+        leader->followers.push_back(std::move(seq));
+      }
+    }
+    leaders.push_back(std::move(leader));
   }
-  LORADB_ASSIGN_OR_RETURN(uint64_t revision, ResolveAdapter(requests[0].adapter));
-  std::vector<std::unique_ptr<Sequence>> seqs;
-  for (GenerateRequest& r : requests) {
-    auto seq = std::make_unique<Sequence>();
-    seq->revision = revision;
-    seq->rng.seed(r.sampling.seed);
-    seq->request = std::move(r);
-    seq->result.revision = revision;
-    seqs.push_back(std::move(seq));
-  }
-  std::vector<uint64_t> ids;
+  std::vector<std::vector<uint64_t>> ids(leaders.size());
   MutexLock lock(&mu_);
-  for (auto& seq : seqs) {
-    seq->id = next_id_++;
-    seq->result.id = seq->id;
-    live_[seq->id] = true;
-    ids.push_back(seq->id);
+  for (size_t g = 0; g < leaders.size(); ++g) {
+    std::vector<Sequence*> members = {leaders[g].get()};
+    for (auto& f : leaders[g]->followers) members.push_back(f.get());
+    for (Sequence* seq : members) {
+      seq->id = next_id_++;
+      seq->result.id = seq->id;
+      live_[seq->id] = true;
+      ids[g].push_back(seq->id);
+    }
+    queued_.push_back(std::move(leaders[g]));
   }
-  // The first sequence prefills the prompt; the others wait inside it and fork its KV cache.
-  std::unique_ptr<Sequence> leader = std::move(seqs[0]);
-  for (size_t i = 1; i < seqs.size(); ++i) leader->followers.push_back(std::move(seqs[i]));
-  queued_.push_back(std::move(leader));
   return ids;
 }
 

@@ -170,6 +170,14 @@ class Decoder {
   [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> SubmitGroup(
       std::vector<GenerateRequest> requests);
 
+  // Queues several groups (each as SubmitGroup) at once: the next step finds all of them queued,
+  // so requests that arrive together are prefilled together (as far as max_running and the
+  // prefill budget allow) rather than the first alone. Returns each group's ids. Errors as
+  // SubmitGroup, with nothing queued; the message names the failing group ("group 2: ...") when
+  // there is more than one.
+  [[nodiscard]] absl::StatusOr<std::vector<std::vector<uint64_t>>> SubmitGroups(
+      std::vector<std::vector<GenerateRequest>> groups);
+
   // The finished result of `id` (removed on return); nullopt while it runs. NotFound for an id
   // that was never submitted or was already polled.
   [[nodiscard]] absl::StatusOr<std::optional<GenerateResult>> Poll(uint64_t id);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -218,7 +219,14 @@ void CompletionService::DriverLoop() {
 }
 
 absl::StatusOr<uint64_t> CompletionService::Submit(CompletionRequest request) {
-  State& s = *s_;
+  std::vector<CompletionRequest> one;
+  one.push_back(std::move(request));
+  LORADB_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, SubmitBatch(std::move(one)));
+  return ids[0];
+}
+
+absl::Status CompletionService::CheckRequest(const CompletionRequest& request) const {
+  const State& s = *s_;
   const ModelConfig& c = s.model->config();
   if (request.n < 1) {
     return absl::InvalidArgumentError(absl::StrCat("n must be >= 1, got ", request.n));
@@ -244,96 +252,145 @@ absl::StatusOr<uint64_t> CompletionService::Submit(CompletionRequest request) {
         absl::StrCat("n = ", request.n, " exceeds what the service ", "holds at once (",
                      s.options.max_running + s.options.max_queued, ")"));
   }
-  // The adapter: resolved once here, so all n sequences share one revision.
-  std::string adapter;
-  uint64_t revision = 0;
-  if (!request.model.empty() && request.model != s.base_name) {
-    const bool is_ref = request.model.find_first_of(":@") != std::string::npos ||
-                        std::all_of(request.model.begin(), request.model.end(),
-                                    [](char ch) { return absl::ascii_isdigit(ch); });
-    if (!is_ref || s.store == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          "model \"", request.model, "\" is not served: name the base (\"", s.base_name, "\")",
-          s.store == nullptr ? " (no store is attached)"
-                             : ", POLICY:ALIAS, POLICY@SEQ or a revision id"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> CompletionService::ResolveModel(const std::string& model) const {
+  const State& s = *s_;
+  if (model.empty() || model == s.base_name) return 0;
+  const bool is_ref =
+      model.find_first_of(":@") != std::string::npos ||
+      std::all_of(model.begin(), model.end(), [](char ch) { return absl::ascii_isdigit(ch); });
+  if (!is_ref || s.store == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("model \"", model, "\" is not served: name the base (\"", s.base_name, "\")",
+                     s.store == nullptr ? " (no store is attached)"
+                                        : ", POLICY:ALIAS, POLICY@SEQ or a revision id"));
+  }
+  LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, s.store->Resolve(model));
+  return rev.id;
+}
+
+absl::StatusOr<std::vector<uint64_t>> CompletionService::SubmitBatch(
+    std::vector<CompletionRequest> requests) {
+  State& s = *s_;
+  if (requests.empty()) return absl::InvalidArgumentError("no requests to submit");
+  // With several requests an error names the one it is about.
+  auto named = [&](size_t i, const absl::Status& st) {
+    if (requests.size() == 1) return st;
+    absl::Status out(st.code(), absl::StrCat("prompt ", i, ": ", st.message()));
+    st.ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+    return out;
+  };
+  // Every request is checked, and each model resolved once (so requests naming one alias are
+  // pinned to one revision), before anything is reserved or queued.
+  const int64_t bound = s.options.max_running + s.options.max_queued;
+  std::vector<uint64_t> revisions(requests.size());
+  absl::flat_hash_map<std::string, uint64_t> resolved;
+  int64_t sequences = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (absl::Status st = CheckRequest(requests[i]); !st.ok()) return named(i, st);
+    auto it = resolved.find(requests[i].model);
+    if (it == resolved.end()) {
+      absl::StatusOr<uint64_t> rev = ResolveModel(requests[i].model);
+      if (!rev.ok()) return named(i, rev.status());
+      it = resolved.emplace(requests[i].model, *rev).first;
     }
-    LORADB_ASSIGN_OR_RETURN(RevisionRecord rev, s.store->Resolve(request.model));
-    revision = rev.id;
-    adapter = absl::StrCat(rev.id);
+    revisions[i] = it->second;
+    sequences += requests[i].n;
+  }
+  if (sequences > bound) {
+    return absl::InvalidArgumentError(absl::StrCat(requests.size(), " prompts of ", sequences,
+                                                   " sequences exceed what the service holds at "
+                                                   "once (",
+                                                   bound, ")"));
   }
 
-  auto p = std::make_shared<Pending>();
-  p->n = request.n;
-  p->max_tokens = request.max_tokens;
-  p->on_token = std::move(request.on_token);
-  p->stop_check = std::move(request.stop_check);
-  p->on_done = std::move(request.on_done);
+  std::vector<std::shared_ptr<Pending>> pendings;
   {
     MutexLock lock(&s.mu);
-    if (s.reserved + request.n > s.options.max_running + s.options.max_queued) {
+    if (s.reserved + sequences > bound) {
       ++s.rejected;
       const int64_t hint = s.RetryHintMs();
       absl::Status st = absl::ResourceExhaustedError(
-          absl::StrCat("serving: ", s.reserved, " sequences outstanding (bound ",
-                       s.options.max_running + s.options.max_queued, ", ", request.n,
-                       " more asked); retry after ", hint, " ms"));
+          absl::StrCat("serving: ", s.reserved, " sequences outstanding (bound ", bound, ", ",
+                       sequences, " more asked); retry after ", hint, " ms"));
       st.SetPayload(kRetryAfterPayload, absl::Cord(absl::StrCat(hint)));
       return st;
     }
-    s.reserved += request.n;
-    p->id = s.next_id++;
-    s.pending[p->id] = p;
+    s.reserved += sequences;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto p = std::make_shared<Pending>();
+      p->id = s.next_id++;
+      s.pending[p->id] = p;
+      pendings.push_back(std::move(p));
+    }
   }
-  {
-    MutexLock lock(&p->mu);
-    p->remaining = request.n;
-    p->result.id = p->id;
-    p->result.revision = revision;
-    p->result.choices.resize(static_cast<size_t>(request.n));
-    p->result.usage.prompt_tokens = prompt_len;
-  }
-  std::vector<decoder::GenerateRequest> group;
-  for (int64_t i = 0; i < request.n; ++i) {
-    decoder::GenerateRequest& g = group.emplace_back();
-    g.adapter = adapter;
-    g.prompt_ids = request.prompt;
-    g.max_new_tokens = request.max_tokens;
-    g.stop_token_ids = request.stop_token_ids;
-    g.sampling.temperature = request.temperature;
-    g.sampling.top_k = request.top_k;
-    g.sampling.top_p = request.top_p;
-    g.sampling.seed = request.seed + static_cast<uint64_t>(i);
-    g.logprobs = request.logprobs;
-    g.prompt_logprobs = request.echo && i == 0;
-    g.on_token = [p, i](const decoder::TokenEvent& e) {
-      p->produced.fetch_add(1, std::memory_order_relaxed);
-      if (p->on_token) p->on_token({i, e.token, e.logprob});
-      return p->stop_check ? p->stop_check(i, *e.tokens) : false;
-    };
-    g.on_done = [state = s_.get(), p, i](decoder::GenerateResult r) {
-      state->SequenceDone(p, i, std::move(r));
-    };
+  std::vector<std::vector<decoder::GenerateRequest>> groups(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    CompletionRequest& request = requests[i];
+    const std::shared_ptr<Pending>& p = pendings[i];
+    p->n = request.n;
+    p->max_tokens = request.max_tokens;
+    p->on_token = std::move(request.on_token);
+    p->stop_check = std::move(request.stop_check);
+    p->on_done = std::move(request.on_done);
+    {
+      MutexLock lock(&p->mu);
+      p->remaining = request.n;
+      p->result.id = p->id;
+      p->result.revision = revisions[i];
+      p->result.choices.resize(static_cast<size_t>(request.n));
+      p->result.usage.prompt_tokens = static_cast<int64_t>(request.prompt.size());
+    }
+    const std::string adapter = revisions[i] == 0 ? "" : absl::StrCat(revisions[i]);
+    for (int64_t k = 0; k < request.n; ++k) {
+      decoder::GenerateRequest& g = groups[i].emplace_back();
+      g.adapter = adapter;
+      g.prompt_ids = request.prompt;
+      g.max_new_tokens = request.max_tokens;
+      g.stop_token_ids = request.stop_token_ids;
+      g.sampling.temperature = request.temperature;
+      g.sampling.top_k = request.top_k;
+      g.sampling.top_p = request.top_p;
+      g.sampling.seed = request.seed + static_cast<uint64_t>(k);
+      g.logprobs = request.logprobs;
+      g.prompt_logprobs = request.echo && k == 0;
+      g.on_token = [p, k](const decoder::TokenEvent& e) {
+        p->produced.fetch_add(1, std::memory_order_relaxed);
+        if (p->on_token) p->on_token({k, e.token, e.logprob});
+        return p->stop_check ? p->stop_check(k, *e.tokens) : false;
+      };
+      g.on_done = [state = s_.get(), p, k](decoder::GenerateResult r) {
+        state->SequenceDone(p, k, std::move(r));
+      };
+    }
   }
   {
     MutexLock lock(&s.mu);
-    s.live += request.n;  // before the decoder can finish them
+    s.live += sequences;  // before the decoder can finish them
   }
-  // One group: the prompt is prefilled once for all n sequences.
-  absl::StatusOr<std::vector<uint64_t>> ids = s.decoder->SubmitGroup(std::move(group));
+  // One decoder group per request (its prompt prefilled once for all n sequences), all queued
+  // at once, so the next step prefills them together.
+  absl::StatusOr<std::vector<std::vector<uint64_t>>> ids =
+      s.decoder->SubmitGroups(std::move(groups));
   if (!ids.ok()) {
     MutexLock lock(&s.mu);
-    s.live -= request.n;
-    s.reserved -= request.n;
-    s.pending.erase(p->id);
+    s.live -= sequences;
+    s.reserved -= sequences;
+    for (const std::shared_ptr<Pending>& p : pendings) s.pending.erase(p->id);
     return ids.status();
   }
-  {
-    MutexLock lock(&p->mu);
-    p->decoder_ids = *std::move(ids);
+  std::vector<uint64_t> out;
+  for (size_t i = 0; i < pendings.size(); ++i) {
+    MutexLock lock(&pendings[i]->mu);
+    pendings[i]->decoder_ids = std::move((*ids)[i]);
+    out.push_back(pendings[i]->id);
   }
   MutexLock lock(&s.mu);
-  ++s.submitted;
-  return p->id;
+  s.submitted += static_cast<int64_t>(pendings.size());
+  return out;
 }
 
 absl::StatusOr<CompletionResult> CompletionService::Complete(CompletionRequest request) {

@@ -188,6 +188,16 @@ class CompletionService {
   // named without a store); ResourceExhausted (queue bound; RetryAfterMs gives the hint).
   [[nodiscard]] absl::StatusOr<uint64_t> Submit(CompletionRequest request);
 
+  // Queues several requests at once (the prompts of one OpenAI request, or a batch an embedding
+  // application has at hand) and returns their ids in order: all are checked first, each model
+  // name is resolved once (requests naming the same alias share its revision), and the decoder's
+  // next step finds all of them queued, so their prompts are prefilled together rather than the
+  // first alone. All or nothing: errors as Submit, naming the request ("prompt 2: ...") when
+  // there are several, and InvalidArgument when their sequences together exceed what the service
+  // holds at once.
+  [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> SubmitBatch(
+      std::vector<CompletionRequest> requests);
+
   // Submit, then waits for the result (on_done, if set, still runs first).
   [[nodiscard]] absl::StatusOr<CompletionResult> Complete(CompletionRequest request);
 
@@ -210,6 +220,9 @@ class CompletionService {
   struct State;
   explicit CompletionService(std::unique_ptr<State> state);
   void DriverLoop();
+  absl::Status CheckRequest(const CompletionRequest& request) const;
+  // The revision a request's model names (0: the base).
+  absl::StatusOr<uint64_t> ResolveModel(const std::string& model) const;
   std::unique_ptr<State> s_;
 };
 

@@ -6,6 +6,7 @@
 #include "compute/decoder/decoder.h"
 
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@ namespace loradb::decoder {
 namespace {
 
 using ::loradb::testing::TempDir;
+using ::testing::HasSubstr;
 
 constexpr int kRank = 4;
 
@@ -554,6 +556,45 @@ TEST_F(DecoderTest, GroupPrefillsOnceAndEachMemberMatchesItsRequestAlone) {
   EXPECT_EQ((*mid)->finish, FinishReason::kLength);
   EXPECT_EQ((*mid)->tokens, tokens[1]);
   EXPECT_EQ(d->stats().kv_sequences, 0);
+}
+
+TEST_F(DecoderTest, GroupsSubmittedAtOncePrefillInOneStepOrNotAtAll) {
+  Publish("p", MakeAdapter(9), "prod");
+  std::unique_ptr<Decoder> d = NewDecoder(store_.get());
+  std::vector<std::vector<GenerateRequest>> groups = {
+      {Req("p:prod", Prompt(21, 5), 4)},
+      {Req("", Prompt(22, 7), 4)},
+      {Req("p:prod", Prompt(23, 3), 4), Req("p:prod", Prompt(23, 3), 4)}};
+  groups[2][0].sampling = {1.2, 0, 1.0, 7};
+  groups[2][1].sampling = {1.2, 0, 1.0, 8};
+  // The second group is invalid: nothing of any group is queued, and the error names it.
+  std::vector<std::vector<GenerateRequest>> bad = groups;
+  bad[1][0].prompt_ids.push_back(config_.vocab_size);
+  absl::Status refused = d->SubmitGroups(bad).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("group 1: "));
+  EXPECT_TRUE(d->Idle());
+  EXPECT_TRUE(absl::IsInvalidArgument(d->SubmitGroups({}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(d->SubmitGroups({{}}).status()));
+
+  absl::StatusOr<std::vector<std::vector<uint64_t>>> ids = d->SubmitGroups(groups);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->size(), 3u);
+  ASSERT_EQ((*ids)[2].size(), 2u);
+  ASSERT_TRUE(d->Step().ok());
+  // One step prefilled every group's prompt (the third group's once).
+  EXPECT_EQ(d->stats().steps, 1);
+  EXPECT_EQ(d->stats().prefill_tokens, 5 + 7 + 3);
+  ASSERT_TRUE(d->RunUntilIdle().ok());
+  EXPECT_EQ(d->stats().steps, 4);
+  std::unique_ptr<Decoder> alone = NewDecoder(store_.get());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      absl::StatusOr<std::optional<GenerateResult>> r = d->Poll((*ids)[g][i]);
+      ASSERT_TRUE(r.ok() && r->has_value());
+      EXPECT_EQ((*r)->tokens, RunOne(*alone, groups[g][i]).tokens) << g << " " << i;
+    }
+  }
 }
 
 TEST_F(DecoderTest, BadRequestsAreRejectedAndNothingIsQueued) {

@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "tests/test_paths.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -26,6 +25,7 @@
 #include "compute/model/qwen3_model.h"
 #include "compute/serving/completion_service.h"
 #include "compute/serving/random_adapter.h"
+#include "tests/test_paths.h"
 #include "tests/test_util.h"
 
 namespace loradb::serving {
@@ -494,6 +494,78 @@ TEST_F(ServingTest, QueueBoundRejectsWithRetryAfter) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->choices.size(), 2u);
   svc.reset();  // the callbacks above use this test's locals
+}
+
+TEST_F(ServingTest, SubmitBatchPrefillsTogetherMatchesAloneAndIsAllOrNothing) {
+  const uint64_t a = Publish("a", 11), b = Publish("b", 12);
+  ServiceOptions o;
+  o.max_running = 8;
+  o.max_queued = 0;
+  std::unique_ptr<CompletionService> svc = NewService(o);
+  ASSERT_NE(svc, nullptr);
+  std::vector<CompletionRequest> batch = {Req("a:prod", Prompt(1, 5), 4), Req("", Prompt(2, 7), 4),
+                                          Req("b:prod", Prompt(3, 3), 4),
+                                          Req("a:prod", Prompt(4, 6), 4)};
+  batch[3].n = 2;
+  batch[3].temperature = 0.9;
+  batch[3].seed = 31;
+  const std::vector<uint64_t> revisions = {a, 0, b, a};
+
+  // Refused as a whole: an unknown model in the third request, or more sequences than the
+  // service holds at once.
+  std::vector<CompletionRequest> bad = batch;
+  bad[2].model = "nope:prod";
+  absl::Status refused = svc->SubmitBatch(bad).status();
+  EXPECT_TRUE(absl::IsNotFound(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("prompt 2: "));
+  bad = batch;
+  bad[0].n = 4;  // with the next: 4 + 2 + 1 + 2 = 9 sequences, one more than the bound
+  bad[1].n = 2;
+  refused = svc->SubmitBatch(bad).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("exceed what the service holds"));
+  EXPECT_TRUE(absl::IsInvalidArgument(svc->SubmitBatch({}).status()));
+  EXPECT_EQ(svc->stats().submitted, 0);
+  EXPECT_EQ(svc->stats().outstanding_sequences, 0);
+  EXPECT_EQ(svc->stats().steps, 0);
+
+  absl::Mutex mu;
+  std::vector<std::optional<CompletionResult>> results(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].on_done = [&, i](CompletionResult r) {
+      absl::MutexLock lock(&mu);
+      results[i] = std::move(r);
+    };
+  }
+  absl::StatusOr<std::vector<uint64_t>> ids = svc->SubmitBatch(batch);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->size(), batch.size());
+  {
+    absl::MutexLock lock(&mu);
+    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return std::all_of(results.begin(), results.end(),
+                         [](const auto& r) { return r.has_value(); });
+    };
+    mu.Await(absl::Condition(&all_done));
+  }
+  // Every prompt was prefilled in the first step: a prompt admitted a step later would have made
+  // more steps than the longest completion has tokens.
+  size_t longest = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const CompletionResult& r = *results[i];
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.id, (*ids)[i]);
+    EXPECT_EQ(r.revision, revisions[i]);
+    ASSERT_EQ(r.choices.size(), static_cast<size_t>(batch[i].n));
+    for (size_t k = 0; k < r.choices.size(); ++k) {
+      EXPECT_EQ(r.choices[k].tokens, Alone(batch[i], revisions[i], static_cast<int64_t>(k)).tokens)
+          << i << " " << k;
+      longest = std::max(longest, r.choices[k].tokens.size());
+    }
+  }
+  EXPECT_EQ(svc->stats().steps, static_cast<int64_t>(longest));
+  EXPECT_EQ(svc->stats().prefill_tokens, 5 + 7 + 3 + 6);
+  EXPECT_EQ(svc->stats().submitted, 4);
 }
 
 TEST_F(ServingTest, NSequencesEchoLogprobsAndStopHook) {
