@@ -12,14 +12,14 @@
 //    Goal: TTFT p50 and p99 at 4x the slots <= 3x those at 1x.
 //  - `peft`: the peer a CPU user would otherwise pick. One greedy batch of --peft-rows rows,
 //    each on its own adapter (random --prompt-token prompts, --tokens tokens), decoded by loradb
-//    (every row submitted at once to the service) and by transformers + peft in a python3 child
-//    (bench/peft_generate.py: the same checkpoint, the same adapters exported from the store as
-//    PEFT directories, `generate(..., adapter_names=[...])` per row, torch.set_num_threads equal
-//    to --threads). Both sides warm up on the batch first, then decode it --peft-rounds times;
-//    timed: the whole batch, prefill included; reported: the median. The child checks that its
-//    greedy tokens equal loradb's (near-ties aside), so both did the same work, and fails the case
-//    otherwise. Goal: loradb tokens/s >= 5x. Skipped, with a note on stderr, when torch /
-//    transformers / peft are not installed.
+//    (every row submitted at once: CompletionService::SubmitBatch) and by transformers + peft in a
+//    python3 child (bench/peft_generate.py: the same checkpoint, the same adapters exported from
+//    the store as PEFT directories, `generate(..., adapter_names=[...])` per row,
+//    torch.set_num_threads equal to --threads). Both sides warm up on the batch first, then decode
+//    it --peft-rounds times; timed: the whole batch, prefill included; reported: the median. The
+//    child checks that its greedy tokens equal loradb's (near-ties aside), so both did the same
+//    work, and fails the case otherwise. Goal: loradb tokens/s >= 5x. Skipped, with a note on
+//    stderr, when torch / transformers / peft are not installed.
 // The throughput and cliff cases run twice side by side on the same service: in-process (Complete)
 // and through the HTTP endpoint (api/openai's POST /v1/completions on an in-process server over
 // loopback, one keep-alive connection per client, `stream: true`, TTFT = the first token's event).
@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "api/http/server.h"
 #include "api/openai/completion_routes.h"
 #include "bench/bench_util.h"
@@ -473,9 +474,12 @@ absl::Status RunCliff(const Options& o, const Setup& s) {
 struct BatchRun {
   double seconds = 0;
   int64_t completion_tokens = 0;
+  int64_t steps = 0;  // decoder steps the batch took
   std::vector<std::vector<int64_t>> tokens;
 };
 
+// One greedy batch, every row submitted at once (CompletionService::SubmitBatch, as the peer's
+// generate call gets its whole batch); returns when the last row is done.
 absl::StatusOr<BatchRun> RunBatch(serving::CompletionService& svc,
                                   const std::vector<std::string>& models,
                                   const std::vector<std::vector<int64_t>>& prompts,
@@ -483,27 +487,30 @@ absl::StatusOr<BatchRun> RunBatch(serving::CompletionService& svc,
   BatchRun run;
   run.tokens.resize(prompts.size());
   std::vector<absl::Status> errors(prompts.size());
-  const double t0 = NowSeconds();
-  std::vector<std::thread> threads;
+  absl::BlockingCounter left(static_cast<int>(prompts.size()));
+  std::vector<serving::CompletionRequest> batch;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    threads.emplace_back([&, i] {
-      serving::CompletionRequest req;
-      req.model = models[i];
-      req.prompt = prompts[i];
-      req.max_tokens = max_tokens;
-      req.temperature = 0;
-      absl::StatusOr<serving::CompletionResult> res = svc.Complete(std::move(req));
-      if (!res.ok()) {
-        errors[i] = res.status();
-      } else if (!res->status.ok()) {
-        errors[i] = res->status;
+    serving::CompletionRequest& req = batch.emplace_back();
+    req.model = models[i];
+    req.prompt = prompts[i];
+    req.max_tokens = max_tokens;
+    req.temperature = 0;
+    req.on_done = [&, i](serving::CompletionResult res) {
+      if (res.status.ok()) {
+        run.tokens[i] = std::move(res.choices[0].tokens);
       } else {
-        run.tokens[i] = res->choices[0].tokens;
+        errors[i] = res.status;
       }
-    });
+      left.DecrementCount();
+    };
   }
-  for (std::thread& t : threads) t.join();
+  const int64_t steps0 = svc.stats().steps;
+  const double t0 = NowSeconds();
+  absl::StatusOr<std::vector<uint64_t>> ids = svc.SubmitBatch(std::move(batch));
+  if (!ids.ok()) return ids.status();
+  left.Wait();
   run.seconds = NowSeconds() - t0;
+  run.steps = svc.stats().steps - steps0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (!errors[i].ok()) return errors[i];
     run.completion_tokens += static_cast<int64_t>(run.tokens[i].size());
@@ -585,6 +592,7 @@ absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::pa
   a["completion_tokens"] = ours->completion_tokens;
   a["seconds"] = Quantile(our_seconds, 0.5);
   a["round_seconds"] = our_seconds;
+  a["decoder_steps"] = ours->steps;
   const double our_tps =
       Ratio(static_cast<double>(ours->completion_tokens), a["seconds"].get<double>());
   a["tokens_per_s"] = our_tps;
