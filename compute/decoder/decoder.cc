@@ -660,11 +660,15 @@ absl::Status Decoder::Step() {
   }
   erase_finished();
   ReleaseLeaseWhenIdle();
+  {
+    MutexLock lock(&mu_);
+    ++stats_.steps;
+    stats_.prefill_tokens += prefill_tokens;
+    stats_.decode_tokens += decode_tokens;
+  }
+  // The gauges last: once they show nothing running, the counters include the step that
+  // finished the last request.
   UpdateGauges();
-  MutexLock lock(&mu_);
-  ++stats_.steps;
-  stats_.prefill_tokens += prefill_tokens;
-  stats_.decode_tokens += decode_tokens;
   return absl::OkStatus();
 }
 
