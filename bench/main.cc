@@ -153,14 +153,21 @@ std::string UtcNow() {
 
 nlohmann::json MachineFacts() {
   nlohmann::json m = {{"bench", "all"}, {"case", "machine"}};
-  std::string cpu;
+  // The first processor's name, family and model: a virtual machine's name is often only the
+  // vendor's line ("AMD EPYC"), while the figures depend on the core generation behind it.
+  std::string cpu, family, model;
   for (absl::string_view line : absl::StrSplit(ReadSmallFile("/proc/cpuinfo"), '\n')) {
-    if (absl::StartsWith(line, "model name")) {
-      size_t colon = line.find(':');
-      if (colon != absl::string_view::npos)
-        cpu = std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
-      break;
-    }
+    if (line.empty()) break;  // end of the first processor's block
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) continue;
+    const absl::string_view key = absl::StripAsciiWhitespace(line.substr(0, colon));
+    const std::string value(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+    if (key == "model name") cpu = value;
+    if (key == "cpu family") family = value;
+    if (key == "model") model = value;
+  }
+  if (!family.empty() && !model.empty()) {
+    absl::StrAppend(&cpu, " (family ", family, ", model ", model, ")");
   }
   m["cpu_model"] = cpu;
   m["cores"] = static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN));
