@@ -307,7 +307,24 @@ absl::StatusOr<std::vector<uint64_t>> CompletionService::SubmitBatch(
                                                    bound, ")"));
   }
 
+  // Each request's state is complete before it is published in `pending` (RetryHintMs and
+  // Cancel read it from other threads).
   std::vector<std::shared_ptr<Pending>> pendings;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    CompletionRequest& request = requests[i];
+    auto p = std::make_shared<Pending>();
+    p->n = request.n;
+    p->max_tokens = request.max_tokens;
+    p->on_token = std::move(request.on_token);
+    p->stop_check = std::move(request.stop_check);
+    p->on_done = std::move(request.on_done);
+    MutexLock lock(&p->mu);
+    p->remaining = request.n;
+    p->result.revision = revisions[i];
+    p->result.choices.resize(static_cast<size_t>(request.n));
+    p->result.usage.prompt_tokens = static_cast<int64_t>(request.prompt.size());
+    pendings.push_back(std::move(p));
+  }
   {
     MutexLock lock(&s.mu);
     if (s.reserved + sequences > bound) {
@@ -320,29 +337,18 @@ absl::StatusOr<std::vector<uint64_t>> CompletionService::SubmitBatch(
       return st;
     }
     s.reserved += sequences;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      auto p = std::make_shared<Pending>();
+    for (const std::shared_ptr<Pending>& p : pendings) {
       p->id = s.next_id++;
       s.pending[p->id] = p;
-      pendings.push_back(std::move(p));
     }
   }
   std::vector<std::vector<decoder::GenerateRequest>> groups(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     CompletionRequest& request = requests[i];
     const std::shared_ptr<Pending>& p = pendings[i];
-    p->n = request.n;
-    p->max_tokens = request.max_tokens;
-    p->on_token = std::move(request.on_token);
-    p->stop_check = std::move(request.stop_check);
-    p->on_done = std::move(request.on_done);
     {
       MutexLock lock(&p->mu);
-      p->remaining = request.n;
       p->result.id = p->id;
-      p->result.revision = revisions[i];
-      p->result.choices.resize(static_cast<size_t>(request.n));
-      p->result.usage.prompt_tokens = static_cast<int64_t>(request.prompt.size());
     }
     const std::string adapter = revisions[i] == 0 ? "" : absl::StrCat(revisions[i]);
     for (int64_t k = 0; k < request.n; ++k) {
