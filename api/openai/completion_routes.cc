@@ -679,14 +679,10 @@ absl::StatusOr<http::Reply> Routes::Completions(const http::Call& call) {
     };
     req.on_done = [r, i](serving::CompletionResult res) { OnDone(r, i, std::move(res)); };
   }
-  // All prompts at once: nothing is served when one is refused (the error names it), and the
-  // decoder prefills them in one step.
+  // All prompts at once: when one is refused nothing is queued and no callback runs (the error,
+  // naming the prompt, is the reply), and the decoder prefills them in one step.
   absl::StatusOr<std::vector<uint64_t>> ids = service_->SubmitBatch(std::move(batch));
-  if (!ids.ok()) {
-    std::lock_guard<std::mutex> lock(r->mu);
-    r->failed = true;
-    return ids.status();
-  }
+  if (!ids.ok()) return ids.status();
   {
     std::lock_guard<std::mutex> lock(r->mu);
     r->submitted = *std::move(ids);
