@@ -233,6 +233,22 @@ void DecodeAttention(const float* q, int64_t heads, int64_t kv_heads, int64_t he
                      const float* k, const float* v, int64_t head_stride, int64_t len, float scale,
                      float* out);
 
+// RMS norm of `rows` rows of n floats (row r at x + r * n), as Qwen3's RMSNorm computes it in
+// fp32: out[r * n + i] = w[i] * (x[r * n + i] / sqrt(mean over i of x^2 + eps)). out may be x.
+// Runs on the calling thread.
+void RmsNormRows(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* out);
+
+// out[i] = silu(g[i]) * u[i] for i < n, silu(v) = v / (1 + exp(-v)) with exp within 2 ulp: the
+// gated MLP's middle. out may be g. Runs on the calling thread.
+void SiluMul(const float* g, const float* u, int64_t n, float* out);
+
+// Rotary position embedding in place on `rows` rows of `heads` heads of head_dim floats (x[r][h]
+// at x + (r * heads + h) * head_dim), with the row's cos and sin tables (cos[r * head_dim + i]):
+// x = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[half..], x[..half]) (the
+// GPT-NeoX / Qwen3 layout). head_dim is even. Runs on the calling thread.
+void RopeRows(float* x, int64_t rows, int64_t heads, int64_t head_dim, const float* cos,
+              const float* sin);
+
 // Whether DenseLinear runs vector code on this CPU (AVX-512 or AVX2); with only the portable set
 // a BLAS library is the better choice.
 bool DenseLinearIsVectorized();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "compute/model/checkpoint.h"
 #include "compute/model/dense_linear.h"
+#include "compute/model/pointwise.h"
 #include "compute/model/torch_dtype.h"
 #include "kernels/lora_kernels.h"
 #include "storage/formats/weights_fingerprint.h"
@@ -198,6 +199,7 @@ KvCache Qwen3Model::NewKvCache() const {
 }
 
 at::Tensor Qwen3Model::RmsNorm(const at::Tensor& x, const at::Tensor& w) const {
+  if (UsesPointwiseKernels({x, w})) return RmsNormKernel(x, w, config_.rms_norm_eps);
   const at::ScalarType in = x.scalar_type();
   at::Tensor h = x.to(at::kFloat);
   at::Tensor var = h.pow(2).mean({-1}, /*keepdim=*/true);
@@ -398,9 +400,14 @@ at::Tensor Qwen3Model::Attention(const Context& ctx, const Layer& l, int64_t lay
   at::Tensor v = Project(ctx, x, l.v, l.v_bias, layer, LoraTarget::kV).view({rows, kvh, hd});
   q = RmsNorm(q, l.q_norm);
   k = RmsNorm(k, l.k_norm);
-  const at::Tensor cos = ctx.cos.unsqueeze(1), sin = ctx.sin.unsqueeze(1);
-  q = q * cos + RotateHalf(q) * sin;
-  k = k * cos + RotateHalf(k) * sin;
+  if (UsesPointwiseKernels({q, k, ctx.cos, ctx.sin})) {
+    RopeKernel(q, ctx.cos, ctx.sin);  // q and k are the norms' own outputs
+    RopeKernel(k, ctx.cos, ctx.sin);
+  } else {
+    const at::Tensor cos = ctx.cos.unsqueeze(1), sin = ctx.sin.unsqueeze(1);
+    q = q * cos + RotateHalf(q) * sin;
+    k = k * cos + RotateHalf(k) * sin;
+  }
   at::Tensor attn;
   if (ctx.root_rows == rows) {
     attn = AttendCausal(ctx, layer, q, k, v);
@@ -596,7 +603,8 @@ at::Tensor Qwen3Model::DenseMlp(const Context& ctx, const Layer& l, int64_t laye
                                 const at::Tensor& x) const {
   at::Tensor g = Project(ctx, x, l.gate, {}, layer, LoraTarget::kGate);
   at::Tensor u = Project(ctx, x, l.up, {}, layer, LoraTarget::kUp);
-  return ReducePartial(Project(ctx, at::silu(g) * u, l.down, {}, layer, LoraTarget::kDown));
+  at::Tensor mid = UsesPointwiseKernels({g, u}) ? SiluMulKernel(g, u) : at::silu(g) * u;
+  return ReducePartial(Project(ctx, mid, l.down, {}, layer, LoraTarget::kDown));
 }
 
 at::Tensor Qwen3Model::MoeMlp(const Context& ctx, const Layer& l, int64_t layer,

@@ -66,6 +66,14 @@ struct IsaKernels {
   // t order, of p[t] * rows[t * ld .. t * ld + d).
   void (*weighted_rows)(const float* p, const float* rows, int64_t ld, int64_t n, int64_t d,
                         float* out);
+  // One row's RMS norm: out[i] = w[i] * (x[i] / sqrt(mean of x^2 over n + eps)); out may be x.
+  void (*rms_norm)(const float* x, int64_t n, const float* w, float eps, float* out);
+  // exp of every lane of one vector register's worth of floats (tests reach it here).
+  void (*exp_lanes)(const float* x, float* out);
+  // out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]; out may be g.
+  void (*silu_mul)(const float* g, const float* u, int64_t n, float* out);
+  // fp32 lanes of one vector register (exp_lanes' count).
+  int lanes;
 };
 
 const IsaKernels& PortableKernels();

@@ -1,5 +1,6 @@
 // Qwen3Model: loading, KV cache consistency, batching, LoRA hooks (against merged weights),
-// the kernel-backed applier, autograd through LoRA factors, and error handling.
+// the kernel-backed applier, the per-row kernels against LibTorch's operations, autograd through
+// LoRA factors, and error handling.
 #include "compute/model/qwen3_model.h"
 
 #include <ATen/ATen.h>
@@ -14,6 +15,7 @@
 #include "compute/model/checkpoint.h"
 #include "compute/model/dense_linear.h"
 #include "compute/model/kernel_lora_applier.h"
+#include "compute/model/pointwise.h"
 #include "kernels/lora_kernels.h"
 #include "storage/formats/safetensors.h"
 #include "storage/formats/weights_fingerprint.h"
@@ -200,6 +202,58 @@ TEST(BaseLinearTest, DenseKernelInInferenceGemmUnderAutogradAtLinearOtherwise) {
   BaseLinear(xg2, wg).sum().backward();
   ASSERT_TRUE(wg.grad().defined());
   EXPECT_LT(RelErr(xg2.grad(), w.sum(0).expand_as(x)), 1e-6);
+}
+
+// The per-row kernels give LibTorch's results, take fp32 contiguous CPU tensors only, and step
+// aside while autograd records a graph through any of their inputs.
+TEST(PointwiseTest, KernelsMatchLibTorchAndStepAsideForAutograd) {
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({3, 4, 64}) * 3;
+  const at::Tensor w = at::randn({64});
+  const at::Tensor cos = at::randn({3, 64}).cos(), sin = at::randn({3, 64}).sin();
+  const at::Tensor g = at::randn({3, 96}) * 4, u = at::randn({3, 96});
+  {
+    at::NoGradGuard no_grad;
+    ASSERT_TRUE(UsesPointwiseKernels({x, w, cos, sin, g, u}));
+    const at::Tensor norm = RmsNormKernel(x, w, 1e-6);
+    EXPECT_LT(RelErr(norm, w * (x * at::rsqrt(x.pow(2).mean({-1}, true) + 1e-6))), 1e-6);
+    at::Tensor q = x.clone();
+    RopeKernel(q, cos, sin);
+    const at::Tensor rotated = at::cat({-x.narrow(-1, 32, 32), x.narrow(-1, 0, 32)}, -1);
+    EXPECT_LT(RelErr(q, x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)), 1e-6);
+    at::Tensor gm = g.clone();
+    SiluMulKernel(gm, u);
+    EXPECT_LT(RelErr(gm, at::silu(g) * u), 1e-6);
+    EXPECT_FALSE(UsesPointwiseKernels({x.to(at::kBFloat16), w}));
+    EXPECT_FALSE(UsesPointwiseKernels({x.transpose(0, 1), w}));  // a transposed view
+  }
+  const at::Tensor xg = x.clone().requires_grad_(true);
+  EXPECT_TRUE(UsesPointwiseKernels({x, w}));  // grad mode, nothing requiring grad
+  EXPECT_FALSE(UsesPointwiseKernels({xg, w}));
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(UsesPointwiseKernels({xg, w}));  // no graph recorded
+}
+
+// A forward in inference (the per-row kernels) and one recording a graph through a LoRA
+// (LibTorch's operations after the adapted layer) give the same logits.
+TEST(PointwiseTest, InferenceForwardMatchesTheAutogradForward) {
+  TempDir dir;
+  auto m = WriteAndLoad(dir, "tiny-dense");
+  const ModelConfig& c = m->config();
+  at::manual_seed(6);
+  at::Tensor a = (at::randn({2, c.hidden_size}) * 0.1).requires_grad_(true);
+  at::Tensor b = (at::randn({c.num_attention_heads * c.head_dim, 2}) * 0.1).requires_grad_(true);
+  auto adapter = LoraAdapter::Create(c, {{"layers.0.self_attn.q_proj", a, b, 1.0}}, at::kFloat);
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  LoraBatch lb{{&*adapter}, {0, 0, 0, 0, 0}};
+  ForwardInput in;
+  in.token_ids = Ids({10, 20, 30, 40, 50});
+  in.lora = &lb;
+  const at::Tensor graph = Logits(*m, in);
+  ASSERT_TRUE(graph.requires_grad());
+  at::NoGradGuard no_grad;
+  const at::Tensor inference = Logits(*m, in);
+  EXPECT_LT(RelErr(inference, graph.detach()), 1e-5);
 }
 
 // A LoRA's delta under autograd on the CPU kernels: the same output and the same gradients for
