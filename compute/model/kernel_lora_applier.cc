@@ -1,7 +1,9 @@
 #include "compute/model/kernel_lora_applier.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <vector>
@@ -25,7 +27,9 @@ std::optional<kernels::DType> KernelDType(at::ScalarType t) {
 }  // namespace
 
 KernelLoraApplier::KernelLoraApplier(int num_threads)
-    : ctx_(std::make_unique<kernels::cpu::CpuContext>(num_threads)) {}
+    : ctx_(num_threads == kIntraOpThreads
+               ? nullptr
+               : std::make_unique<kernels::cpu::CpuContext>(std::max(0, num_threads))) {}
 
 KernelLoraApplier::~KernelLoraApplier() = default;
 
@@ -108,20 +112,47 @@ at::Tensor KernelLoraApplier::Apply(const at::Tensor& x, const at::Tensor& y, in
   // SGMV segments; decode-shaped ones (about one row per sequence) through BGMV.
   const int32_t* rs = row_slot.data_ptr<int32_t>();
   const int64_t n = x.size(0);
-  std::vector<int32_t> seg_starts, seg_adapter;
-  for (int64_t i = 0; i < n; ++i) {
-    if (i == 0 || rs[i] != rs[i - 1]) {
-      seg_starts.push_back(static_cast<int32_t>(i));
-      seg_adapter.push_back(rs[i]);
+  int64_t runs = 0;
+  for (int64_t i = 0; i < n; ++i) runs += i == 0 || rs[i] != rs[i - 1] ? 1 : 0;
+  const bool sgmv = 2 * runs <= n;
+  // Rows [begin, end) as one kernel call: a row's result does not depend on the rows beside it.
+  auto call = [&](int64_t begin, int64_t end, kernels::cpu::CpuContext* ctx) {
+    const int64_t count = end - begin;
+    const kernels::ConstRows xpart{
+        static_cast<const char*>(xc.data_ptr()) + begin * xc.stride(0) * xc.element_size(), *dtype,
+        xc.size(1)};
+    const kernels::OutputRows ypart{
+        static_cast<char*>(out.data_ptr()) + begin * out.stride(0) * out.element_size(), *dtype,
+        out.size(1), 0};
+    std::vector<int32_t> seg_starts, seg_adapter;
+    if (sgmv) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (i == begin || rs[i] != rs[i - 1]) {
+          seg_starts.push_back(static_cast<int32_t>(i - begin));
+          seg_adapter.push_back(rs[i]);
+        }
+      }
+      seg_starts.push_back(static_cast<int32_t>(count));
+    }
+    const kernels::RowMapping m =
+        sgmv ? kernels::RowMapping::Sgmv(count, static_cast<int64_t>(seg_adapter.size()),
+                                         seg_starts.data(), seg_adapter.data())
+             : kernels::RowMapping::Bgmv(count, rs + begin);
+    return kernels::cpu::ShrinkExpand(xpart, table, m, ypart, ctx);
+  };
+  kernels::KernelStatus st;
+  if (ctx_ != nullptr || at::get_num_threads() == 1 || n == 1) {
+    st = call(0, n, ctx_.get());
+  } else {
+    // The arguments are the same for every range: checked once here, a range cannot fail alone.
+    st = kernels::ValidateShrinkExpand(xr, table, kernels::RowMapping::Bgmv(n, rs), yr,
+                                       /*host_indices=*/true);
+    if (st.ok()) {
+      at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+        static_cast<void>(call(begin, end, nullptr));
+      });
     }
   }
-  seg_starts.push_back(static_cast<int32_t>(n));
-  const auto num_segments = static_cast<int64_t>(seg_adapter.size());
-  const bool sgmv = 2 * num_segments <= n;
-  const kernels::RowMapping m =
-      sgmv ? kernels::RowMapping::Sgmv(n, num_segments, seg_starts.data(), seg_adapter.data())
-           : kernels::RowMapping::Bgmv(n, rs);
-  kernels::KernelStatus st = kernels::cpu::ShrinkExpand(xr, table, m, yr, ctx_.get());
   if (!st.ok()) {
     // The argument checks failed (nothing was written): the reference path still gives the
     // right answer, and the mismatch is worth a note.

@@ -16,7 +16,14 @@ namespace loradb::model {
 
 class KernelLoraApplier final : public LoraApplier {
  public:
-  // `num_threads` for the kernels' CPU context (<= 0: hardware concurrency).
+  // Where the kernels' work runs when a call is split: LibTorch's intra-op threads, as row ranges
+  // through at::parallel_for. Those are the threads the base's linear layers run on; a pool of
+  // the applier's own would compete with them for the cores (LibTorch's OpenMP threads spin for
+  // a while after each parallel region).
+  static constexpr int kIntraOpThreads = -1;
+
+  // `num_threads`: kIntraOpThreads, or the thread count of a CPU context of the applier's own
+  // (0: hardware concurrency).
   explicit KernelLoraApplier(int num_threads = 0);
   ~KernelLoraApplier() override;
 

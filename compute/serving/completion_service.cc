@@ -152,7 +152,7 @@ absl::StatusOr<std::unique_ptr<CompletionService>> CompletionService::Create(Ser
   LORADB_ASSIGN_OR_RETURN(model::LoadOptions lo, decoder::ModelLoadOptions(options.dtype));
   LORADB_ASSIGN_OR_RETURN(s->model, model::Qwen3Model::Load(options.model_dir, lo));
   s->applier = std::make_unique<model::KernelLoraApplier>(
-      options.lora_threads > 0 ? options.lora_threads : at::get_num_threads());
+      options.lora_threads > 0 ? options.lora_threads : model::KernelLoraApplier::kIntraOpThreads);
   s->model->set_lora_applier(s->applier.get());
   s->store = store;
 

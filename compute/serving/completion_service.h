@@ -65,7 +65,8 @@ struct ServiceOptions {
   uint64_t cpu_cache_bytes = uint64_t{1} << 30;
   uint64_t device_arena_bytes = uint64_t{256} << 20;
   uint64_t device_page_bytes = 64 << 10;
-  // Threads of the kernels' LoRA applier (0: LibTorch's intra-op thread count).
+  // Threads of the kernels' LoRA applier: > 0, a pool of its own; 0, LibTorch's intra-op
+  // threads (the ones the base's linear layers run on, so the two never compete for cores).
   int lora_threads = 0;
   // > 0: sets LibTorch's intra-op thread count for the whole process; 0 leaves it.
   int torch_threads = 0;

@@ -4,6 +4,7 @@
 #include "compute/model/qwen3_model.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
@@ -458,6 +459,27 @@ TEST_P(ModelKindTest, LoraEqualsMergedWeightsPerRow) {
   EXPECT_LT(RelErr(via_kernel, got), 1e-5);
   EXPECT_GT(kernel.kernel_calls(), 0);
   EXPECT_EQ(kernel.fallback_calls(), 0);
+
+  // On LibTorch's intra-op threads the calls are split into row ranges; a row's result does not
+  // depend on the rows beside it, so the bits are those of one thread: prefill-shaped runs of
+  // rows (SGMV) and decode-shaped alternating adapters (BGMV).
+  KernelLoraApplier intra_op(KernelLoraApplier::kIntraOpThreads);
+  LoraBatch alternating{{&*a0, &*a1}, {0, 1, -1, 1, 0, 1, 0, -1, 1}};
+  const int threads = at::get_num_threads();
+  for (LoraBatch* b : {&lb, &alternating}) {
+    in.lora = b;
+    at::set_num_threads(1);
+    m->set_lora_applier(&kernel);
+    const at::Tensor one = Logits(*m, in);
+    at::set_num_threads(2);
+    m->set_lora_applier(&intra_op);
+    EXPECT_TRUE(at::equal(Logits(*m, in), one));
+  }
+  at::set_num_threads(threads);
+  EXPECT_GT(intra_op.kernel_calls(), 0);
+  EXPECT_GT(intra_op.sgmv_calls(), 0);
+  EXPECT_LT(intra_op.sgmv_calls(), intra_op.kernel_calls());
+  EXPECT_EQ(intra_op.fallback_calls(), 0);
 }
 
 TEST_P(ModelKindTest, Bf16FactorsOnAnF32Base) {

@@ -111,7 +111,6 @@ absl::Status AttachServing(const ServeArgs& args, const std::shared_ptr<Store>& 
   o.max_running = args.max_running;
   o.max_queued = args.max_queued;
   o.max_prefill_tokens = args.max_prefill_tokens;
-  o.lora_threads = args.threads;
   o.torch_threads = args.threads;
   absl::StatusOr<std::shared_ptr<serving::CompletionService>> service =
       openai::AttachModel(std::move(o), store, server);
@@ -274,7 +273,8 @@ void SetupServe(CLI::App* sub, Invocation* inv) {
                   "with --model: prompt tokens prefilled in one step")
       ->capture_default_str();
   sub->add_option("--threads", args->threads,
-                  "with --model: LibTorch intra-op and LoRA kernel threads (0: LibTorch's default)")
+                  "with --model: LibTorch intra-op threads, which the LoRA kernels share (0: "
+                  "LibTorch's default)")
       ->capture_default_str();
   AddTrainServeOptions(sub, &args->train);
   sub->callback([inv, args, max_body] {
