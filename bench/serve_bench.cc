@@ -14,20 +14,23 @@
 //    each on its own adapter (random --prompt-token prompts, --tokens tokens), decoded by loradb
 //    (every row submitted at once: CompletionService::SubmitBatch) and by transformers + peft in a
 //    python3 child (bench/peft_generate.py: the same checkpoint, the same adapters exported from
-//    the store as PEFT directories, `generate(..., adapter_names=[...])` per row,
-//    torch.set_num_threads equal to --threads). Both sides warm up on the batch first, then decode
-//    it --peft-rounds times; timed: the whole batch, prefill included; reported: the median. The
-//    child checks that its greedy tokens equal loradb's (near-ties aside), so both did the same
-//    work, and fails the case otherwise. Goal: loradb tokens/s >= 5x. Skipped, with a note on
-//    stderr, when torch / transformers / peft are not installed.
+//    the store as PEFT directories, `generate(..., adapter_names=[...])` per row), both sides at
+//    each of --peft-threads LibTorch threads (default 1, then every core; loradb's LoRA kernels
+//    share LibTorch's threads, the child calls torch.set_num_threads). Both sides warm up on the
+//    batch first, then decode it --peft-rounds times; timed: the whole batch, prefill included;
+//    reported: the median. The child checks that its greedy tokens equal loradb's (near-ties
+//    aside), so both did the same work, and fails the case otherwise. Goal: loradb tokens/s >= 5x
+//    at the last thread count (by default every core: LibTorch's default, which the peer and
+//    `loradb serve` both run with). Skipped, with a note on stderr, when torch / transformers /
+//    peft are not installed.
 // The throughput and cliff cases run twice side by side on the same service: in-process (Complete)
 // and through the HTTP endpoint (api/openai's POST /v1/completions on an in-process server over
 // loopback, one keep-alive connection per client, `stream: true`, TTFT = the first token's event).
 // Extra goals: HTTP base tokens/s >= 0.9x in-process at the same batch (the endpoint's overhead),
 // and the distinct-vs-base and cliff goals over HTTP.
 // Flags: --clients=N --cliff-clients=N --slots=N --requests=N --prompt=N --tokens=N --rank=N
-// --peft-rows=N --peft-rounds=N --threads=N (LibTorch intra-op and LoRA kernel threads; the peft
-// child's torch threads) --config=PATH.
+// --peft-rows=N --peft-rounds=N --peft-threads=N,.. --threads=N (LibTorch intra-op threads of the
+// throughput and cliff cases, which the LoRA kernels share) --config=PATH.
 #if defined(LORADB_COMPUTE_AVAILABLE) && defined(LORADB_OPENAI_AVAILABLE)
 
 #include <sys/socket.h>
@@ -65,6 +68,7 @@ struct Options {
   std::string which = "all";  // throughput | cliff | peft | all
   int64_t clients = 64, cliff_clients = 32, slots = 8, requests = 2, prompt = 16, tokens = 16;
   int64_t rank = 16, threads = 1, peft_rows = 8, peft_rounds = 3;
+  std::vector<int64_t> peft_threads;  // empty: 1, then every core
   std::string config = std::string(LORADB_SOURCE_DIR) + "/compute/configs/bench-60m.json";
 };
 
@@ -84,10 +88,22 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Options* o) {
       ->check(CLI::PositiveNumber);
   app.add_option("--peft-rounds", o->peft_rounds, "peft: timed batches per side (median)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--threads", o->threads, "LibTorch and LoRA kernel threads")
+  app.add_option("--threads", o->threads, "LibTorch threads (the LoRA kernels share them)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--peft-threads", o->peft_threads,
+                 "peft: thread counts both sides run at, comma-separated (default 1 and every "
+                 "core; the goal line is the last's)")
+      ->delimiter(',')
       ->check(CLI::PositiveNumber);
   app.add_option("--config", o->config, "model config (JSON)");
   return ParseFlags(&app, args);
+}
+
+// --peft-threads, or 1 and then the machine's cores (just 1 on a one-core machine).
+std::vector<int64_t> PeftThreads(const Options& o) {
+  if (!o.peft_threads.empty()) return o.peft_threads;
+  const auto cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  return cores > 1 ? std::vector<int64_t>{1, cores} : std::vector<int64_t>{1};
 }
 
 struct RunFigures {
@@ -353,7 +369,6 @@ absl::StatusOr<std::shared_ptr<serving::CompletionService>> NewService(
   so.max_running = clients;
   so.max_queued = clients;
   so.max_prefill_tokens = clients * o.prompt;
-  so.lora_threads = static_cast<int>(o.threads);
   so.torch_threads = static_cast<int>(o.threads);
   so.cpu_cache_bytes =
       (s.adapter_bytes + (1 << 20)) * static_cast<uint64_t>(adapters) + (uint64_t{64} << 20);
@@ -521,19 +536,26 @@ absl::StatusOr<BatchRun> RunBatch(serving::CompletionService& svc,
   return run;
 }
 
-// The mixed-adapter batch through loradb and through transformers + peft (bench/peft_generate.py
-// says what it times and checks); `dir` holds the exported adapters and the batch's spec.
-absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::path& dir) {
+// One greedy batch of --peft-rows rows, each on its own adapter, through loradb and through
+// transformers + peft (bench/peft_generate.py says what it times and checks), both sides at
+// `threads` LibTorch (and LoRA kernel) threads; `dir` holds the exported adapters and the batch's
+// spec. Emits both sides' lines; returns loradb's tokens/s over the peer's, or 0 when the peer is
+// not installed.
+absl::StatusOr<double> RunPeftPair(const Options& o, const Setup& s,
+                                   const std::filesystem::path& dir, int64_t threads) {
   const int64_t rows = o.peft_rows;
+  Options ot = o;
+  ot.threads = threads;
   absl::StatusOr<std::shared_ptr<serving::CompletionService>> svc =
-      NewService(o, s, rows, (s.adapter_bytes + (1 << 20)) * rows + (64 << 20), 64 << 10, rows);
+      NewService(ot, s, rows, (s.adapter_bytes + (1 << 20)) * rows + (64 << 20), 64 << 10, rows);
   if (!svc.ok()) return svc.status();
   const std::vector<std::string> models = Models(rows);
   std::mt19937_64 rng(41);
   std::vector<std::vector<int64_t>> prompts;
   for (int64_t i = 0; i < rows; ++i)
     prompts.push_back(RandomPrompt(rng, o.prompt, (*svc)->vocab_size()));
-  Progress(absl::StrCat("serve peft: loradb, ", rows, " rows on ", rows, " adapters"));
+  Progress(absl::StrCat("serve peft: loradb, ", rows, " rows on ", rows, " adapters, ", threads,
+                        " thread(s)"));
   absl::StatusOr<BatchRun> warm = RunBatch(**svc, models, prompts, 2);
   if (!warm.ok()) return warm.status();
   std::vector<double> our_seconds;
@@ -553,32 +575,35 @@ absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::pa
 
   nlohmann::json spec = {{"model_dir", s.model_dir},
                          {"max_tokens", o.tokens},
-                         {"threads", o.threads},
+                         {"threads", threads},
                          {"rounds", o.peft_rounds},
                          {"adapters", nlohmann::json::array()},
                          {"rows", nlohmann::json::array()}};
   for (int64_t i = 0; i < rows; ++i) {
     const std::string name = absl::StrCat("p", i);
     const std::string adapter_dir = (dir / name).string();
-    absl::Status st = s.store->ExportPeftDir(s.revisions[static_cast<size_t>(i)], adapter_dir);
-    if (!st.ok()) return st;
+    if (!std::filesystem::exists(adapter_dir)) {  // exported by an earlier thread count
+      absl::Status st = s.store->ExportPeftDir(s.revisions[static_cast<size_t>(i)], adapter_dir);
+      if (!st.ok()) return st;
+    }
     spec["adapters"].push_back({{"name", name}, {"dir", adapter_dir}});
     spec["rows"].push_back({{"adapter", name},
                             {"prompt", prompts[static_cast<size_t>(i)]},
                             {"tokens", ours->tokens[static_cast<size_t>(i)]}});
   }
-  const std::string spec_path = (dir / "spec.json").string();
+  const std::string spec_path = (dir / absl::StrCat("spec-", threads, ".json")).string();
   std::ofstream(spec_path) << spec.dump();
   const std::string cmd =
       absl::StrCat("python3 '", SourceDir(), "/bench/peft_generate.py' '", spec_path, "'");
-  Progress("serve peft: transformers + peft (python3 child)");
+  Progress(
+      absl::StrCat("serve peft: transformers + peft (python3 child), ", threads, " thread(s)"));
   absl::StatusOr<JsonCommandResult> peer = RunJsonCommand(cmd);
   if (!peer.ok()) return peer.status();
   if (peer->exit_status == 77) {
     Progress(
         "serve peft: skipped, torch / transformers / peft are not installed (tools/dev setup "
         "installs them)");
-    return absl::OkStatus();
+    return 0.0;
   }
   if (peer->exit_status != 0 || !peer->last_object.contains("tokens_per_s")) {
     return absl::InternalError(absl::StrCat(
@@ -586,10 +611,9 @@ absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::pa
         "); transformers + peft did not reproduce loradb's batch, see its message above"));
   }
   const nlohmann::json& p = peer->last_object;
-  nlohmann::json common = {{"bench", "serve"},       {"rows", rows},
-                           {"adapters", rows},       {"prompt_tokens", o.prompt},
-                           {"max_tokens", o.tokens}, {"rank", o.rank},
-                           {"threads", o.threads},   {"rounds", o.peft_rounds}};
+  nlohmann::json common = {
+      {"bench", "serve"},       {"rows", rows},   {"adapters", rows},   {"prompt_tokens", o.prompt},
+      {"max_tokens", o.tokens}, {"rank", o.rank}, {"threads", threads}, {"rounds", o.peft_rounds}};
   nlohmann::json a = common, b = common;
   a["case"] = "peft_batch_loradb";
   a["path"] = "in_process";
@@ -600,6 +624,8 @@ absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::pa
   const double our_tps =
       Ratio(static_cast<double>(ours->completion_tokens), a["seconds"].get<double>());
   a["tokens_per_s"] = our_tps;
+  const double ratio = Ratio(our_tps, p["tokens_per_s"].get<double>());
+  a["vs_peer"] = ratio;
   b["case"] = "peft_batch_transformers_peft";
   b["path"] = "transformers_peft";
   for (const char* key : {"completion_tokens", "seconds", "round_seconds", "tokens_per_s",
@@ -608,7 +634,20 @@ absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::pa
   }
   Emit(a);
   Emit(b);
-  const double ratio = Ratio(our_tps, p["tokens_per_s"].get<double>());
+  return ratio;
+}
+
+// The pair at each of --peft-threads; the goal line is the last count's: by default every core,
+// LibTorch's default thread count, which the peer and `loradb serve` both run with unless told
+// otherwise. The one-thread pair before it is reported beside it.
+absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::path& dir) {
+  double ratio = 0;
+  for (int64_t threads : PeftThreads(o)) {
+    absl::StatusOr<double> r = RunPeftPair(o, s, dir, threads);
+    if (!r.ok()) return r.status();
+    if (*r == 0) return absl::OkStatus();  // the peer is not installed
+    ratio = *r;
+  }
   EmitGoal("serve", "vs_transformers_peft", ratio, ">= 5", ratio >= 5);
   return absl::OkStatus();
 }

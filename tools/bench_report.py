@@ -327,6 +327,40 @@ def rows_distinct(r):
     return rows
 
 
+def ratio(x, y):
+    return x / y if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
+
+
+def peer_serve(r):
+    """serve peft: loradb and transformers + peft on one mixed-adapter batch, per thread count."""
+    ours = {l.get("threads"): l for l in r.select("serve", "peft_batch_loradb")}
+    peers = {l.get("threads"): l for l in r.select("serve", "peft_batch_transformers_peft")}
+    counts = sorted(t for t in ours if t in peers)
+    if not counts:
+        return []
+    g = r.goal("serve", "vs_transformers_peft")
+    rows = []
+    for t in counts:
+        a, b = ours[t], peers[t]
+        goal = (f"`vs_transformers_peft` >= 5: {met_text([g])}" if g and t == counts[-1]
+                else "reported")
+        rows.append([f"{a.get('rows')} rows on {a.get('adapters')} adapters, "
+                     f"{a.get('max_tokens')} tokens each, {t} thread(s)",
+                     f"{num(b.get('seconds'))} s ({num(b.get('tokens_per_s'))} tok/s)",
+                     f"{num(a.get('seconds'))} s ({num(a.get('tokens_per_s'))} tok/s)",
+                     num(ratio(a.get("tokens_per_s"), b.get("tokens_per_s"))), goal])
+    out = ["## Peers measured in this run", "",
+           "The same greedy batch decoded by loradb (in-process, every row submitted at once) and "
+           "by transformers + peft (`generate(..., adapter_names=[...])`, one adapter per row) on "
+           "the same checkpoint and adapters, both sides at the thread count given (LibTorch's "
+           "intra-op threads; the peer's `torch.set_num_threads`); medians of the rounds. The "
+           "goal line is the last count's: every core, LibTorch's default, which both sides run "
+           f"with unless told otherwise. Command: {code(r.command('serve'))}.", ""]
+    out += table(["batch", "transformers + peft", "loradb", "loradb / peer", "goal"], rows)
+    out.append("")
+    return out
+
+
 def catalog_growth(r):
     """The catalog's cost at each size run (1e3..1e7), one row per size, with each figure's ratio
     to the smallest size's: the scaling shown, not judged (the goal lines judge). Built from the
@@ -567,6 +601,7 @@ def report(r, results_path, plots, md_dir):
                "requests; decode runs a ~60M-parameter random Qwen3 in fp32 with rank-16 adapters.")
     out.append("")
     out += catalog_growth(r)
+    out += peer_serve(r)
     out.append(f"## Goal lines ({met} of {len(r.goals)} met)")
     out.append("")
     grows = [[g.get("bench"), f"`{g.get('goal')}`", num(g.get("value")), g.get("target", ""),
