@@ -14,11 +14,14 @@ struct IsaKernels {
   const char* name;
   // Shrink block: shrink_k weight rows x shrink_rows activation rows (pointers; pad short blocks
   // by repeating a pointer). out[r * ldo + k] = dot(a[k][0..n), x[r][0..n)).
-  // shrink_block[min(rows, 3) - 1] handles 1, 2 or (up to) shrink_rows rows per call.
+  // shrink_block[min(rows, 3) - 1] handles 1, 2 or (up to) shrink_rows rows per call. Each
+  // weight row's stream prefetches a fixed distance ahead; past the row's end the prefetch skips
+  // `wrap_bytes` more, to where the caller's next block reads (for A's contiguous rows, the
+  // next block's row at that offset).
   int shrink_k;
   int shrink_rows;
-  void (*shrink_block[4])(const float* const* a, const float* const* x, int64_t n, float* out,
-                          int64_t ldo);
+  void (*shrink_block[4])(const float* const* a, const float* const* x, int64_t n,
+                          int64_t wrap_bytes, float* out, int64_t ldo);
   // Expand tile: expand_tile output columns at a time, expand_rows rows at a time.
   // acc[r * expand_tile + l] = sum_{k < rank} t[r][k] * bt[k * expand_tile + l].
   int expand_tile;
