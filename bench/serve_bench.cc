@@ -43,6 +43,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -539,10 +540,11 @@ absl::StatusOr<BatchRun> RunBatch(serving::CompletionService& svc,
 // One greedy batch of --peft-rows rows, each on its own adapter, through loradb and through
 // transformers + peft (bench/peft_generate.py says what it times and checks), both sides at
 // `threads` LibTorch (and LoRA kernel) threads; `dir` holds the exported adapters and the batch's
-// spec. Emits both sides' lines; returns loradb's tokens/s over the peer's, or 0 when the peer is
-// not installed.
-absl::StatusOr<double> RunPeftPair(const Options& o, const Setup& s,
-                                   const std::filesystem::path& dir, int64_t threads) {
+// spec. Emits both sides' lines; returns loradb's tokens/s over the peer's, or nullopt when the
+// peer is not installed.
+absl::StatusOr<std::optional<double>> RunPeftPair(const Options& o, const Setup& s,
+                                                  const std::filesystem::path& dir,
+                                                  int64_t threads) {
   const int64_t rows = o.peft_rows;
   Options ot = o;
   ot.threads = threads;
@@ -603,7 +605,7 @@ absl::StatusOr<double> RunPeftPair(const Options& o, const Setup& s,
     Progress(
         "serve peft: skipped, torch / transformers / peft are not installed (tools/dev setup "
         "installs them)");
-    return 0.0;
+    return std::nullopt;
   }
   if (peer->exit_status != 0 || !peer->last_object.contains("tokens_per_s")) {
     return absl::InternalError(absl::StrCat(
@@ -643,10 +645,10 @@ absl::StatusOr<double> RunPeftPair(const Options& o, const Setup& s,
 absl::Status RunPeft(const Options& o, const Setup& s, const std::filesystem::path& dir) {
   double ratio = 0;
   for (int64_t threads : PeftThreads(o)) {
-    absl::StatusOr<double> r = RunPeftPair(o, s, dir, threads);
+    absl::StatusOr<std::optional<double>> r = RunPeftPair(o, s, dir, threads);
     if (!r.ok()) return r.status();
-    if (*r == 0) return absl::OkStatus();  // the peer is not installed
-    ratio = *r;
+    if (!r->has_value()) return absl::OkStatus();  // the peer is not installed
+    ratio = **r;
   }
   EmitGoal("serve", "vs_transformers_peft", ratio, ">= 5", ratio >= 5);
   return absl::OkStatus();
