@@ -61,18 +61,28 @@ class Tokenizer::Loader {
     LORADB_RETURN_IF_ERROR(LoadModel(model));
     Element e;
     if (!top["normalizer"].get(e)) LORADB_RETURN_IF_ERROR(LoadNormalizer(e, "normalizer"));
-    if (top["pre_tokenizer"].get(e) || e.is_null()) {
-      return Error("pre_tokenizer", "missing; loradb needs a ByteLevel pre-tokenizer");
+    if (!top["pre_tokenizer"].get(e) && !e.is_null()) {
+      LORADB_RETURN_IF_ERROR(LoadPreTokenizer(e, "pre_tokenizer", /*last=*/true));
     }
-    bool byte_level = false;
-    LORADB_RETURN_IF_ERROR(LoadPreTokenizer(e, "pre_tokenizer", /*last=*/true, &byte_level));
-    if (!top["post_processor"].get(e)) LORADB_RETURN_IF_ERROR(LoadPostProcessor(e));
+    if (!top["post_processor"].get(e)) {
+      LORADB_RETURN_IF_ERROR(LoadPostProcessor(e, "post_processor"));
+    }
     if (top["decoder"].get(e) || e.is_null()) {
-      return Error("decoder", "missing; loradb decodes with a ByteLevel decoder");
+      return Error(
+          "decoder",
+          "missing (tokenizers would join the tokens with spaces); loradb needs a decoder");
     }
-    LORADB_RETURN_IF_ERROR(LoadDecoder(e));
+    LORADB_RETURN_IF_ERROR(LoadDecoder(e, "decoder"));
     if (!top["added_tokens"].get(e) && !e.is_null()) LORADB_RETURN_IF_ERROR(LoadAddedTokens(e));
     BuildDecodeTables();
+    for (const auto* side : {&tok_->template_.before, &tok_->template_.after}) {
+      for (int32_t id : *side) {
+        if (id >= tok_->vocab_size() || !tok_->id_present_[id]) {
+          return Error("post_processor",
+                       absl::StrCat("the template adds id ", id, ", which names no token"));
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -133,6 +143,62 @@ class Tokenizer::Loader {
     return static_cast<int32_t>(v);
   }
 
+  // A {"String": s} / {"Regex": r} pattern at `o[key]`.
+  absl::StatusOr<Pattern> LoadPattern(Object o, const std::string& path, const char* key) const {
+    const std::string at = absl::StrCat(path, ".", key);
+    Object pattern;
+    if (o[key].get_object().get(pattern)) {
+      return Error(at, "expected {\"Regex\": ...} or {\"String\": ...}");
+    }
+    std::string_view text;
+    if (!pattern["Regex"].get_string().get(text)) {
+      auto re = Pattern::Regex(absl::string_view(text.data(), text.size()));
+      if (!re.ok()) return Error(at, re.status().message());
+      return *std::move(re);
+    }
+    if (!pattern["String"].get_string().get(text)) return Pattern::Literal(Str(text));
+    return Error(at, "expected {\"Regex\": ...} or {\"String\": ...}");
+  }
+  absl::StatusOr<std::string> RequiredString(Object o, const std::string& path,
+                                             const char* key) const {
+    std::string_view s;
+    if (o[key].get_string().get(s)) return Error(absl::StrCat(path, ".", key), "missing string");
+    return Str(s);
+  }
+  // A string holding exactly one character (tokenizers' `char` fields).
+  absl::StatusOr<std::string> OneChar(Object o, const std::string& path, const char* key) const {
+    LORADB_ASSIGN_OR_RETURN(std::string s, RequiredString(o, path, key));
+    size_t pos = 0;
+    if (s.empty() || !ValidateUtf8(s).ok() || (NextCodePoint(s, &pos), pos != s.size())) {
+      return Error(absl::StrCat(path, ".", key), "expected a string of one character");
+    }
+    return s;
+  }
+  absl::StatusOr<size_t> Count(Object o, const std::string& path, const char* key) const {
+    uint64_t v = 0;
+    if (o[key].get_uint64().get(v) || v > (1u << 20)) {
+      return Error(absl::StrCat(path, ".", key), "expected a non-negative integer");
+    }
+    return static_cast<size_t>(v);
+  }
+  // Reads `o[list_key]`, an array of steps, calling `load(item, item_path, is_last)` on each.
+  absl::Status ForEachStep(
+      Object o, const std::string& path, const char* list_key,
+      const std::function<absl::Status(Element, const std::string&, bool)>& load) const {
+    simdjson::dom::array list;
+    if (o[list_key].get_array().get(list)) {
+      return Error(absl::StrCat(path, ".", list_key), "expected an array");
+    }
+    const size_t n = list.size();
+    size_t i = 0;
+    for (Element item : list) {
+      LORADB_RETURN_IF_ERROR(
+          load(item, absl::StrCat(path, ".", list_key, "[", i, "]"), i + 1 == n));
+      ++i;
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status LoadNormalizer(Element e, const std::string& path) {
     if (e.is_null()) return absl::OkStatus();
     Object o;
@@ -140,80 +206,81 @@ class Tokenizer::Loader {
     LORADB_ASSIGN_OR_RETURN(std::string type, Type(o, path));
     if (type == "NFC") {
       LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type"}));
-      tok_->nfc_ = true;
+      tok_->normalizer_.push_back({NormalizerStep::kNfc, "", Pattern::Literal("")});
+      return absl::OkStatus();
+    }
+    if (type == "Prepend") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "prepend"}));
+      LORADB_ASSIGN_OR_RETURN(std::string prepend, RequiredString(o, path, "prepend"));
+      tok_->normalizer_.push_back({NormalizerStep::kPrepend, prepend, Pattern::Literal("")});
+      return absl::OkStatus();
+    }
+    if (type == "Replace") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "pattern", "content"}));
+      LORADB_ASSIGN_OR_RETURN(Pattern pattern, LoadPattern(o, path, "pattern"));
+      LORADB_ASSIGN_OR_RETURN(std::string content, RequiredString(o, path, "content"));
+      tok_->normalizer_.push_back({NormalizerStep::kReplace, content, std::move(pattern)});
       return absl::OkStatus();
     }
     if (type == "Sequence") {
       LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "normalizers"}));
-      simdjson::dom::array list;
-      if (o["normalizers"].get_array().get(list)) {
-        return Error(path + ".normalizers", "expected an array");
-      }
-      size_t i = 0;
-      for (Element item : list) {
-        LORADB_RETURN_IF_ERROR(LoadNormalizer(item, absl::StrCat(path, ".normalizers[", i++, "]")));
-      }
-      return absl::OkStatus();
+      return ForEachStep(o, path, "normalizers", [&](Element item, const std::string& p, bool) {
+        return LoadNormalizer(item, p);
+      });
     }
     return Unsupported(path, absl::StrCat("normalizer type \"", type, "\""));
   }
 
-  // Reads a pre-tokenizer; `last` is true for the step that must end the chain (where the
-  // ByteLevel step belongs). Sets *byte_level once the ByteLevel step was read.
-  absl::Status LoadPreTokenizer(Element e, const std::string& path, bool last, bool* byte_level) {
+  // Reads a pre-tokenizer; `last` is true for the step that ends the chain (the only place a
+  // ByteLevel step may be).
+  absl::Status LoadPreTokenizer(Element e, const std::string& path, bool last) {
     Object o;
     LORADB_RETURN_IF_ERROR(AsObject(e, path, &o));
     LORADB_ASSIGN_OR_RETURN(std::string type, Type(o, path));
-    if (*byte_level) {
-      return Unsupported(
-          path, absl::StrCat("a pre-tokenizer step (", type, ") after the ByteLevel step"));
-    }
     if (type == "Sequence") {
       LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "pretokenizers"}));
-      simdjson::dom::array list;
-      if (o["pretokenizers"].get_array().get(list)) {
-        return Error(path + ".pretokenizers", "expected an array");
-      }
-      const size_t n = list.size();
-      size_t i = 0;
-      for (Element item : list) {
-        LORADB_RETURN_IF_ERROR(LoadPreTokenizer(item, absl::StrCat(path, ".pretokenizers[", i, "]"),
-                                                last && i + 1 == n, byte_level));
-        ++i;
-      }
-      if (last && !*byte_level) {
-        return Unsupported(path, "a pre-tokenizer without a final ByteLevel step");
-      }
-      return absl::OkStatus();
+      return ForEachStep(o, path, "pretokenizers",
+                         [&](Element item, const std::string& p, bool is_last) {
+                           return LoadPreTokenizer(item, p, last && is_last);
+                         });
     }
     if (type == "Split") {
       LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "pattern", "behavior", "invert"}));
-      std::string_view behavior;
-      if (o["behavior"].get_string().get(behavior)) {
-        return Error(path + ".behavior", "missing string");
+      PreTokenizerStep step;
+      step.kind = PreTokenizerStep::kSplit;
+      LORADB_ASSIGN_OR_RETURN(std::string behavior, RequiredString(o, path, "behavior"));
+      static const std::pair<const char*, PreTokenizerStep::Behavior> kBehaviors[] = {
+          {"Isolated", PreTokenizerStep::kIsolated},
+          {"Removed", PreTokenizerStep::kRemoved},
+          {"MergedWithPrevious", PreTokenizerStep::kMergedWithPrevious},
+          {"MergedWithNext", PreTokenizerStep::kMergedWithNext},
+          {"Contiguous", PreTokenizerStep::kContiguous}};
+      bool known = false;
+      for (const auto& [name, value] : kBehaviors) {
+        if (behavior == name) {
+          step.behavior = value;
+          known = true;
+        }
       }
-      if (behavior != "Isolated") {
-        return Unsupported(path + ".behavior", absl::StrCat("Split behavior \"", Str(behavior),
-                                                            "\" (only Isolated is)"));
+      if (!known) {
+        return Unsupported(path + ".behavior", absl::StrCat("Split behavior \"", behavior, "\""));
       }
-      LORADB_ASSIGN_OR_RETURN(bool invert, Bool(o, path, "invert", std::nullopt));
-      if (invert) return Unsupported(path + ".invert", "invert: true");
-      Object pattern;
-      if (o["pattern"].get_object().get(pattern)) {
-        return Error(path + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
-      }
-      std::string_view text;
-      std::string pcre2;
-      if (!pattern["Regex"].get_string().get(text)) {
-        auto translated = TranslateOnigurumaPattern(absl::string_view(text.data(), text.size()));
-        if (!translated.ok()) return Error(path + ".pattern", translated.status().message());
-        pcre2 = *std::move(translated);
-      } else if (!pattern["String"].get_string().get(text)) {
-        pcre2 = QuoteLiteral(absl::string_view(text.data(), text.size()));
-      } else {
-        return Error(path + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
-      }
-      return AddSplit(pcre2, path + ".pattern");
+      LORADB_ASSIGN_OR_RETURN(step.invert, Bool(o, path, "invert", std::nullopt));
+      LORADB_ASSIGN_OR_RETURN(step.pattern, LoadPattern(o, path, "pattern"));
+      tok_->pre_steps_.push_back(std::move(step));
+      return absl::OkStatus();
+    }
+    if (type == "Metaspace") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(
+          o, path,
+          {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"}));
+      PreTokenizerStep step;
+      step.kind = PreTokenizerStep::kMetaspace;
+      LORADB_RETURN_IF_ERROR(LoadMetaspace(o, path, &step.replacement, &step.prepend));
+      LORADB_ASSIGN_OR_RETURN(step.split, Bool(o, path, "split", true));
+      tok_->pre_steps_.push_back(std::move(step));
+      tok_->pre_tokenizer_rewrites_ = true;
+      return absl::OkStatus();
     }
     if (type == "ByteLevel") {
       LORADB_RETURN_IF_ERROR(
@@ -224,46 +291,169 @@ class Tokenizer::Loader {
       // trim_offsets only changes offsets, which loradb does not report.
       LORADB_ASSIGN_OR_RETURN(bool use_regex, Bool(o, path, "use_regex", true));
       if (use_regex) {
-        auto translated = TranslateOnigurumaPattern(kGpt2Pattern);
-        if (!translated.ok()) return translated.status();
-        LORADB_RETURN_IF_ERROR(AddSplit(*translated, path));
+        PreTokenizerStep step;
+        step.kind = PreTokenizerStep::kSplit;
+        auto re = Pattern::Regex(kGpt2Pattern);
+        if (!re.ok()) return re.status();
+        step.pattern = *std::move(re);
+        tok_->pre_steps_.push_back(std::move(step));
       }
-      *byte_level = true;
+      tok_->byte_level_ = true;
       return absl::OkStatus();
     }
     return Unsupported(path, absl::StrCat("pre-tokenizer type \"", type, "\""));
   }
 
-  absl::Status AddSplit(const std::string& pcre2, const std::string& path) {
-    auto re = SplitRegex::Compile(pcre2);
-    if (!re.ok()) return Error(path, re.status().message());
-    tok_->splits_.push_back(*std::move(re));
+  // Metaspace's replacement and prepend scheme, as tokenizers reads them (prepend_scheme
+  // defaults to "always"; the older add_prefix_space: false means "never").
+  absl::Status LoadMetaspace(Object o, const std::string& path, std::string* replacement,
+                             PreTokenizerStep::Prepend* prepend) const {
+    LORADB_ASSIGN_OR_RETURN(*replacement, OneChar(o, path, "replacement"));
+    LORADB_ASSIGN_OR_RETURN(std::optional<std::string> scheme,
+                            OptString(o, path, "prepend_scheme"));
+    *prepend = PreTokenizerStep::kAlways;
+    if (scheme == "first") {
+      *prepend = PreTokenizerStep::kFirst;
+    } else if (scheme == "never") {
+      *prepend = PreTokenizerStep::kNever;
+    } else if (scheme.has_value() && *scheme != "always") {
+      return Unsupported(path + ".prepend_scheme",
+                         absl::StrCat("prepend_scheme \"", *scheme, "\""));
+    }
+    LORADB_ASSIGN_OR_RETURN(bool add_prefix_space, Bool(o, path, "add_prefix_space", true));
+    if (!add_prefix_space) *prepend = PreTokenizerStep::kNever;
     return absl::OkStatus();
   }
 
-  absl::Status LoadPostProcessor(Element e) {
+  absl::Status LoadPostProcessor(Element e, const std::string& path) {
     if (e.is_null()) return absl::OkStatus();
     Object o;
-    LORADB_RETURN_IF_ERROR(AsObject(e, "post_processor", &o));
-    LORADB_ASSIGN_OR_RETURN(std::string type, Type(o, "post_processor"));
-    if (type != "ByteLevel") {
-      return Unsupported("post_processor",
-                         absl::StrCat("post-processor type \"", type,
-                                      "\" (it may add tokens; only ByteLevel, which adds none, is "
-                                      "supported)"));
+    LORADB_RETURN_IF_ERROR(AsObject(e, path, &o));
+    LORADB_ASSIGN_OR_RETURN(std::string type, Type(o, path));
+    if (type == "ByteLevel") {
+      return OnlyKeys(o, path, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
     }
-    return OnlyKeys(o, "post_processor", {"type", "add_prefix_space", "trim_offsets", "use_regex"});
+    if (type == "Sequence") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "processors"}));
+      return ForEachStep(o, path, "processors", [&](Element item, const std::string& p, bool) {
+        return LoadPostProcessor(item, p);
+      });
+    }
+    if (type == "TemplateProcessing") return LoadTemplate(o, path);
+    return Unsupported(path, absl::StrCat("post-processor type \"", type, "\""));
   }
 
-  absl::Status LoadDecoder(Element e) {
-    Object o;
-    LORADB_RETURN_IF_ERROR(AsObject(e, "decoder", &o));
-    LORADB_ASSIGN_OR_RETURN(std::string type, Type(o, "decoder"));
-    if (type != "ByteLevel") {
-      return Unsupported("decoder", absl::StrCat("decoder type \"", type, "\""));
+  // TemplateProcessing: the `single` template's special tokens become ids around the sequence;
+  // `pair` is read for validity only (loradb encodes single sequences).
+  absl::Status LoadTemplate(Object o, const std::string& path) {
+    LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "single", "pair", "special_tokens"}));
+    Object specials;
+    if (o["special_tokens"].get_object().get(specials)) {
+      return Error(path + ".special_tokens", "expected an object");
     }
-    // The ByteLevel decoder maps characters back to bytes; its flags do not change that.
-    return OnlyKeys(o, "decoder", {"type", "add_prefix_space", "trim_offsets", "use_regex"});
+    absl::flat_hash_map<std::string, std::vector<int32_t>> ids_of;
+    for (auto field : specials) {
+      const std::string at = absl::StrCat(path, ".special_tokens[\"", Str(field.key), "\"]");
+      Object token;
+      LORADB_RETURN_IF_ERROR(AsObject(field.value, at, &token));
+      LORADB_RETURN_IF_ERROR(OnlyKeys(token, at, {"id", "ids", "tokens"}));
+      simdjson::dom::array ids;
+      if (token["ids"].get_array().get(ids)) return Error(at + ".ids", "expected an array");
+      std::vector<int32_t>& out = ids_of[Str(field.key)];
+      for (Element id : ids) {
+        LORADB_ASSIGN_OR_RETURN(int32_t v, Id(id, at + ".ids"));
+        out.push_back(v);
+      }
+    }
+    const auto read = [&](const char* key, bool single, Template* t) -> absl::Status {
+      const std::string at = absl::StrCat(path, ".", key);
+      simdjson::dom::array items;
+      if (o[key].get_array().get(items)) return Error(at, "expected an array");
+      int sequences = 0;
+      for (Element item : items) {
+        Object piece, inner;
+        LORADB_RETURN_IF_ERROR(AsObject(item, at, &piece));
+        std::string_view name;
+        if (!piece["SpecialToken"].get_object().get(inner)) {
+          if (inner["id"].get_string().get(name)) return Error(at, "SpecialToken without an id");
+          auto it = ids_of.find(Str(name));
+          if (it == ids_of.end()) {
+            return Error(
+                at, absl::StrCat("special token \"", Str(name), "\" is not in special_tokens"));
+          }
+          std::vector<int32_t>& side = sequences == 0 ? t->before : t->after;
+          side.insert(side.end(), it->second.begin(), it->second.end());
+        } else if (!piece["Sequence"].get_object().get(inner)) {
+          if (inner["id"].get_string().get(name) || (name != "A" && name != "B")) {
+            return Error(at, "a Sequence whose id is not \"A\" or \"B\"");
+          }
+          if (single && name != "A") return Unsupported(at, "a single template with sequence B");
+          ++sequences;
+        } else {
+          return Error(at, "expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
+        }
+      }
+      if (single && sequences != 1) {
+        return Unsupported(at, "a single template without exactly one sequence A");
+      }
+      return absl::OkStatus();
+    };
+    Template single, pair;
+    LORADB_RETURN_IF_ERROR(read("single", true, &single));
+    LORADB_RETURN_IF_ERROR(read("pair", false, &pair));
+    // In a Sequence of processors, a later template wraps what the earlier ones made.
+    single.before.insert(single.before.end(), tok_->template_.before.begin(),
+                         tok_->template_.before.end());
+    single.after.insert(single.after.begin(), tok_->template_.after.begin(),
+                        tok_->template_.after.end());
+    tok_->template_ = std::move(single);
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadDecoder(Element e, const std::string& path) {
+    Object o;
+    LORADB_RETURN_IF_ERROR(AsObject(e, path, &o));
+    LORADB_ASSIGN_OR_RETURN(std::string type, Type(o, path));
+    DecoderStep step;
+    if (type == "Sequence") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "decoders"}));
+      return ForEachStep(o, path, "decoders", [&](Element item, const std::string& p, bool) {
+        return LoadDecoder(item, p);
+      });
+    } else if (type == "ByteLevel") {
+      // The ByteLevel decoder maps characters back to bytes; its flags do not change that.
+      LORADB_RETURN_IF_ERROR(
+          OnlyKeys(o, path, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
+      step.kind = DecoderStep::kByteLevel;
+    } else if (type == "Replace") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "pattern", "content"}));
+      step.kind = DecoderStep::kReplace;
+      LORADB_ASSIGN_OR_RETURN(step.pattern, LoadPattern(o, path, "pattern"));
+      LORADB_ASSIGN_OR_RETURN(step.content, RequiredString(o, path, "content"));
+    } else if (type == "ByteFallback") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type"}));
+      step.kind = DecoderStep::kByteFallback;
+    } else if (type == "Fuse") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type"}));
+    } else if (type == "Strip") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(o, path, {"type", "content", "start", "stop"}));
+      step.kind = DecoderStep::kStrip;
+      LORADB_ASSIGN_OR_RETURN(step.content, OneChar(o, path, "content"));
+      LORADB_ASSIGN_OR_RETURN(step.start, Count(o, path, "start"));
+      LORADB_ASSIGN_OR_RETURN(step.stop, Count(o, path, "stop"));
+    } else if (type == "Metaspace") {
+      LORADB_RETURN_IF_ERROR(OnlyKeys(
+          o, path,
+          {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"}));
+      step.kind = DecoderStep::kMetaspace;
+      PreTokenizerStep::Prepend prepend;
+      LORADB_RETURN_IF_ERROR(LoadMetaspace(o, path, &step.content, &prepend));
+      step.metaspace_prepend = prepend != PreTokenizerStep::kNever;
+    } else {
+      return Unsupported(path, absl::StrCat("decoder type \"", type, "\""));
+    }
+    tok_->decoder_.push_back(std::move(step));
+    return absl::OkStatus();
   }
 
   absl::Status LoadModel(Element e) {
@@ -289,7 +479,8 @@ class Tokenizer::Loader {
       }
     }
     LORADB_ASSIGN_OR_RETURN(tok_->fuse_unk_, Bool(o, "model", "fuse_unk", false));
-    LORADB_ASSIGN_OR_RETURN(bool byte_fallback, Bool(o, "model", "byte_fallback", false));
+    LORADB_ASSIGN_OR_RETURN(tok_->byte_fallback_, Bool(o, "model", "byte_fallback", false));
+    const bool byte_fallback = tok_->byte_fallback_;
     LORADB_ASSIGN_OR_RETURN(tok_->ignore_merges_, Bool(o, "model", "ignore_merges", false));
 
     Object vocab;
@@ -318,6 +509,11 @@ class Tokenizer::Loader {
 
     LORADB_RETURN_IF_ERROR(LoadMerges(o));
 
+    tok_->byte_fallback_id_.fill(-1);
+    for (int b = 0; b < 256; ++b) {
+      auto f = tok_->vocab_.find(absl::StrFormat("<0x%02X>", b));
+      if (f != tok_->vocab_.end()) tok_->byte_fallback_id_[b] = f->second;
+    }
     const ByteLevelAlphabet& alphabet = ByteLevel();
     tok_->byte_symbols_.assign(256, {});
     tok_->byte_in_vocab_.assign(256, false);
@@ -329,9 +525,9 @@ class Tokenizer::Loader {
       } else if (byte_fallback) {
         std::vector<int32_t> ids;
         for (char c : ch) {
-          auto f = tok_->vocab_.find(absl::StrFormat("<0x%02X>", static_cast<uint8_t>(c)));
-          if (f == tok_->vocab_.end()) break;
-          ids.push_back(f->second);
+          const int32_t f = tok_->byte_fallback_id_[static_cast<uint8_t>(c)];
+          if (f < 0) break;
+          ids.push_back(f);
         }
         if (ids.size() == ch.size()) tok_->byte_symbols_[b] = std::move(ids);
       }
@@ -438,11 +634,13 @@ class Tokenizer::Loader {
       max_added = std::max(max_added, t.id);
       const int32_t token_index = static_cast<int32_t>(tok_->added_.size());
       tok_->added_by_content_[t.content] = t.id;
-      if (t.normalized && tok_->nfc_) {
-        LORADB_ASSIGN_OR_RETURN(std::string key, Nfc(t.content));
-        tok_->trie_[1].Insert(key, token_index);
+      if (t.normalized) {
+        // tokenizers matches a normalized token by its content run through the normalizer.
+        std::string key = t.content;
+        LORADB_RETURN_IF_ERROR(Normalize(tok_->normalizer_, &key));
+        if (!key.empty()) tok_->trie_[1].Insert(key, token_index);
       } else {
-        tok_->trie_[t.normalized ? 1 : 0].Insert(t.content, token_index);
+        tok_->trie_[0].Insert(t.content, token_index);
       }
       tok_->added_.push_back(std::move(t));
     }
@@ -474,23 +672,13 @@ class Tokenizer::Loader {
     for (int32_t id = 0; id < size; ++id) {
       tok_->id_special_[id] = tok_->id_present_[id] && special.contains(tok_->id_token_[id]);
     }
-    // ByteLevel decoder: a token whose every character is in the byte alphabet stands for those
-    // bytes; any other token stands for its own UTF-8 text.
-    const ByteLevelAlphabet& alphabet = ByteLevel();
-    for (int32_t id = 0; id < size; ++id) {
-      const std::string& token = tok_->id_token_[id];
-      std::string bytes;
-      bool mapped = true;
-      size_t pos = 0;
-      while (pos < token.size()) {
-        const char32_t cp = NextCodePoint(token, &pos);
-        if (cp >= alphabet.byte_of.size() || alphabet.byte_of[cp] < 0) {
-          mapped = false;
-          break;
-        }
-        bytes.push_back(static_cast<char>(alphabet.byte_of[cp]));
+    // With a ByteLevel decoder alone, each id's bytes are computed once.
+    tok_->byte_level_decoder_only_ =
+        tok_->decoder_.size() == 1 && tok_->decoder_[0].kind == DecoderStep::kByteLevel;
+    if (tok_->byte_level_decoder_only_) {
+      for (int32_t id = 0; id < size; ++id) {
+        AppendByteLevelBytes(tok_->id_token_[id], &tok_->id_bytes_[id]);
       }
-      tok_->id_bytes_[id] = mapped ? std::move(bytes) : token;
     }
   }
 
@@ -610,20 +798,23 @@ void Tokenizer::SplitAddedTokens(absl::string_view text, bool normalized_set,
   if (start_offset < text.size()) out->push_back({start_offset, text.size(), -1});
 }
 
-absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) const {
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
+                                                       bool add_special_tokens) const {
   LORADB_RETURN_IF_ERROR(ValidateUtf8(text));
   std::vector<int32_t> ids;
+  if (add_special_tokens) ids = template_.before;
   std::vector<Segment> raw, normalized_segments;
   SplitAddedTokens(text, /*normalized_set=*/false, &raw);
+  std::string normalized;
   for (const Segment& seg : raw) {
     if (seg.added_id >= 0) {
       ids.push_back(seg.added_id);
       continue;
     }
-    std::string normalized;
     absl::string_view piece = text.substr(seg.begin, seg.end - seg.begin);
-    if (nfc_) {
-      LORADB_ASSIGN_OR_RETURN(normalized, Nfc(piece));
+    if (!normalizer_.empty()) {
+      normalized.assign(piece.data(), piece.size());
+      LORADB_RETURN_IF_ERROR(Normalize(normalizer_, &normalized));
       piece = normalized;
     }
     normalized_segments.clear();
@@ -632,45 +823,97 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) c
       if (sub.added_id >= 0) {
         ids.push_back(sub.added_id);
       } else {
-        LORADB_RETURN_IF_ERROR(
-            EncodeNormalized(piece.substr(sub.begin, sub.end - sub.begin), &ids));
+        LORADB_RETURN_IF_ERROR(EncodeNormalized(piece.substr(sub.begin, sub.end - sub.begin),
+                                                seg.begin == 0 && sub.begin == 0, &ids));
       }
     }
   }
+  if (add_special_tokens) ids.insert(ids.end(), template_.after.begin(), template_.after.end());
   return ids;
 }
 
-absl::Status Tokenizer::EncodeNormalized(absl::string_view text, std::vector<int32_t>* ids) const {
-  // Each Split step (behavior Isolated) cuts every current piece into its matches and the gaps
-  // between them.
-  std::vector<std::pair<size_t, size_t>> pieces{{0, text.size()}}, next, matches;
-  for (const auto& split : splits_) {
-    next.clear();
-    for (const auto& [begin, end] : pieces) {
-      matches.clear();
-      LORADB_RETURN_IF_ERROR(split->FindAll(text.substr(begin, end - begin), &matches));
-      size_t at = 0;
-      for (const auto& [mb, me] : matches) {
-        if (mb > at) next.emplace_back(begin + at, begin + mb);
-        next.emplace_back(begin + mb, begin + me);
-        at = me;
-      }
-      if (begin + at < end) next.emplace_back(begin + at, end);
+absl::Status Tokenizer::EncodeNormalized(absl::string_view text, bool first,
+                                         std::vector<int32_t>* ids) const {
+  std::vector<Piece> pieces{{0, text.size(), first}};
+  if (!pre_tokenizer_rewrites_) {
+    // Split steps only: they cut `text` in place.
+    for (const PreTokenizerStep& step : pre_steps_) {
+      LORADB_RETURN_IF_ERROR(SplitPieces(step, text, &pieces));
     }
-    pieces.swap(next);
+    for (const Piece& p : pieces) EncodePiece(text.substr(p.begin, p.end - p.begin), ids);
+    return absl::OkStatus();
   }
-  for (const auto& [begin, end] : pieces) {
-    if (end > begin) EncodePiece(text.substr(begin, end - begin), ids);
+  std::string work(text);
+  for (const PreTokenizerStep& step : pre_steps_) {
+    LORADB_RETURN_IF_ERROR(PreTokenize(step, &work, &pieces));
   }
+  const absl::string_view view = work;
+  for (const Piece& p : pieces) EncodePiece(view.substr(p.begin, p.end - p.begin), ids);
   return absl::OkStatus();
 }
 
+void Tokenizer::ByteLevelSymbols(absl::string_view piece, std::vector<int32_t>* word) const {
+  // As tokenizers' BPE builds a word: each byte-level character's id; else its byte-fallback ids
+  // (which do not flush a pending unknown); else the unknown token (runs fused when fuse_unk);
+  // else nothing.
+  bool pending_unk = false;
+  for (char c : piece) {
+    const auto b = static_cast<uint8_t>(c);
+    if (byte_in_vocab_[b]) {
+      if (pending_unk) word->push_back(*unk_id_);
+      pending_unk = false;
+      word->push_back(byte_symbols_[b][0]);
+    } else if (!byte_symbols_[b].empty()) {
+      word->insert(word->end(), byte_symbols_[b].begin(), byte_symbols_[b].end());
+    } else if (unk_id_.has_value()) {
+      if (pending_unk && !fuse_unk_) word->push_back(*unk_id_);
+      pending_unk = true;
+    }
+  }
+  if (pending_unk) word->push_back(*unk_id_);
+}
+
+void Tokenizer::CharSymbols(absl::string_view piece, std::vector<int32_t>* word) const {
+  // The same over characters: the character's id; else one "<0xXX>" id per UTF-8 byte when all
+  // exist; else the unknown token.
+  bool pending_unk = false;
+  size_t pos = 0;
+  while (pos < piece.size()) {
+    const size_t start = pos;
+    NextCodePoint(piece, &pos);
+    const absl::string_view ch = piece.substr(start, pos - start);
+    if (auto it = vocab_.find(ch); it != vocab_.end()) {
+      if (pending_unk) word->push_back(*unk_id_);
+      pending_unk = false;
+      word->push_back(it->second);
+      continue;
+    }
+    if (byte_fallback_) {
+      bool all = true;
+      for (char c : ch) all = all && byte_fallback_id_[static_cast<uint8_t>(c)] >= 0;
+      if (all) {
+        for (char c : ch) word->push_back(byte_fallback_id_[static_cast<uint8_t>(c)]);
+        continue;
+      }
+    }
+    if (unk_id_.has_value()) {
+      if (pending_unk && !fuse_unk_) word->push_back(*unk_id_);
+      pending_unk = true;
+    }
+  }
+  if (pending_unk) word->push_back(*unk_id_);
+}
+
 void Tokenizer::EncodePiece(absl::string_view piece, std::vector<int32_t>* ids) const {
-  const ByteLevelAlphabet& alphabet = ByteLevel();
   if (ignore_merges_) {
+    // A piece that is a whole vocabulary entry is that entry, merges or not.
     std::string mapped;
-    for (char c : piece) mapped += alphabet.encoded[static_cast<uint8_t>(c)];
-    if (auto it = vocab_.find(mapped); it != vocab_.end()) {
+    if (byte_level_) {
+      const ByteLevelAlphabet& alphabet = ByteLevel();
+      for (char c : piece) mapped += alphabet.encoded[static_cast<uint8_t>(c)];
+    }
+    if (auto it = vocab_.find(byte_level_ ? absl::string_view(mapped) : piece);
+        it != vocab_.end()) {
       ids->push_back(it->second);
       return;
     }
@@ -683,26 +926,13 @@ void Tokenizer::EncodePiece(absl::string_view piece, std::vector<int32_t>* ids) 
       return;
     }
   }
-  // Initial symbols, as tokenizers' BPE builds a word: each byte-level character's id; else its
-  // byte-fallback ids (which do not flush a pending unknown); else the unknown token (runs fused
-  // when fuse_unk); else nothing.
   std::vector<int32_t> word;
   word.reserve(piece.size());
-  bool pending_unk = false;
-  for (char c : piece) {
-    const auto b = static_cast<uint8_t>(c);
-    if (byte_in_vocab_[b]) {
-      if (pending_unk) word.push_back(*unk_id_);
-      pending_unk = false;
-      word.push_back(byte_symbols_[b][0]);
-    } else if (!byte_symbols_[b].empty()) {
-      word.insert(word.end(), byte_symbols_[b].begin(), byte_symbols_[b].end());
-    } else if (unk_id_.has_value()) {
-      if (pending_unk && !fuse_unk_) word.push_back(*unk_id_);
-      pending_unk = true;
-    }
+  if (byte_level_) {
+    ByteLevelSymbols(piece, &word);
+  } else {
+    CharSymbols(piece, &word);
   }
-  if (pending_unk) word.push_back(*unk_id_);
   ApplyMerges(merges_, &word);
   ids->insert(ids->end(), word.begin(), word.end());
   if (cacheable) {
@@ -714,19 +944,28 @@ void Tokenizer::EncodePiece(absl::string_view piece, std::vector<int32_t>* ids) 
 
 absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
                                               bool skip_special_tokens) const {
-  std::string bytes;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size() || !id_present_[id]) {
       return absl::InvalidArgumentError(
           absl::StrCat("token id ", id, " is not in the vocabulary (", vocab_size(), " ids)"));
     }
-    if (skip_special_tokens && id_special_[id]) continue;
-    bytes += id_bytes_[id];
   }
-  std::string text;
-  text.reserve(bytes.size());
-  AppendUtf8Lossy(bytes, &text);
-  return text;
+  if (byte_level_decoder_only_) {
+    std::string bytes;
+    for (int32_t id : ids) {
+      if (!(skip_special_tokens && id_special_[id])) bytes += id_bytes_[id];
+    }
+    std::string text;
+    text.reserve(bytes.size());
+    AppendUtf8Lossy(bytes, &text);
+    return text;
+  }
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (!(skip_special_tokens && id_special_[id])) tokens.push_back(id_token_[id]);
+  }
+  return DecodeChain(decoder_, std::move(tokens));
 }
 
 absl::StatusOr<std::optional<std::string>> DecodeStream::Step(int32_t id) {
@@ -748,7 +987,11 @@ absl::StatusOr<std::optional<std::string>> DecodeStream::Step(int32_t id) {
     return std::optional<std::string>();
   }
   if (absl::string_view(text).substr(0, prefix_.size()) != prefix_) {
-    return absl::InternalError("decode stream: the decoded prefix changed");
+    // tokenizers' DecodeStream fails the same way ("Invalid prefix encountered"): e.g. byte
+    // fallback tokens that decode alone but turn into U+FFFDs with the bytes after them.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "decode stream: invalid prefix: the text decoded so far no longer starts with \"", prefix_,
+        "\" after token id ", id));
   }
   std::string new_text = text.substr(prefix_.size());
   const size_t new_prefix_index = ids_.size() - prefix_index_;

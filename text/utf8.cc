@@ -156,4 +156,19 @@ const ByteLevelAlphabet& ByteLevel() {
   return *kAlphabet;
 }
 
+void AppendByteLevelBytes(absl::string_view token, std::string* out) {
+  const ByteLevelAlphabet& alphabet = ByteLevel();
+  const size_t mark = out->size();
+  size_t pos = 0;
+  while (pos < token.size()) {
+    const char32_t cp = NextCodePoint(token, &pos);
+    if (cp >= alphabet.byte_of.size() || alphabet.byte_of[cp] < 0) {
+      out->resize(mark);
+      out->append(token.data(), token.size());
+      return;
+    }
+    out->push_back(static_cast<char>(alphabet.byte_of[cp]));
+  }
+}
+
 }  // namespace loradb::text

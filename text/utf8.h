@@ -46,6 +46,11 @@ struct ByteLevelAlphabet {
 };
 const ByteLevelAlphabet& ByteLevel();
 
+// Appends to `out` the bytes that token string `token` stands for under tokenizers' ByteLevel
+// decoder: each character's byte when all of them are in GPT-2's alphabet, else the token's own
+// UTF-8 (e.g. an added token in another script).
+void AppendByteLevelBytes(absl::string_view token, std::string* out);
+
 }  // namespace loradb::text
 
 #endif  // LORADB_TEXT_UTF8_H_

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# loradb-test: args=loradb_cli timeout=300
+# loradb-test: args=loradb_cli timeout=900
 """Oracle test: loradb's tokenizer (text/tokenizer.h, driven through `loradb tokenize`) against
 the Hugging Face `tokenizers` package.
 
@@ -14,11 +14,17 @@ Tokenizers are trained here with `tokenizers` on a generated multilingual corpus
   gpt2      GPT-2's layout: no normalizer, ByteLevel(use_regex=true)
   fallback  qwen with three byte characters taken out of the vocabulary: one reachable through
             byte_fallback tokens, two becoming the unknown token (fuse_unk off and on)
+and the model families' kinds of tokenizers.json (tokenizer_families.py: llama3, nemo, mistral,
+mistral-v3, phi3, gemma and variants: byte-level BPE with a TemplateProcessing post-processor,
+SentencePiece-style BPE with byte fallback, Prepend/Replace normalizers, Metaspace and Split
+pre-tokenizers, Replace/ByteFallback/Fuse/Strip/Metaspace decoders).
 For each, a few thousand varied strings (scripts, emoji and ZWJ sequences, combining marks that NFC
-composes, whitespace runs, CR/LF mixes, numbers, code, contractions in both cases, special tokens
-in text, long runs, the empty string) must encode to the same ids; the ids, random id sequences
-and cut sequences (partial UTF-8) must decode to the same text with skip_special_tokens true and
-false, and streaming decoding (decoders.DecodeStream) must emit the same chunks.
+composes, whitespace runs, leading/trailing/multiple spaces, CR/LF mixes, numbers, code,
+contractions in both cases, added tokens in and next to text, long runs, the empty string) must
+encode to the same ids, with and without the post-processor's special tokens
+(add_special_tokens); the ids, random id sequences and cut sequences (partial UTF-8) must decode
+to the same text with skip_special_tokens true and false, and streaming decoding
+(decoders.DecodeStream) must emit the same chunks.
 LORADB_SLOW_TESTS=1 multiplies the string count by 10. Exit status 77 (skipped) without
 `tokenizers`.
 """
@@ -35,6 +41,8 @@ try:
 except ImportError as e:  # pragma: no cover
     print(f"skipped: {e}")
     sys.exit(77)
+
+import tokenizer_families  # noqa: E402  (beside this file)
 
 CLI = sys.argv[1]
 SLOW = os.environ.get("LORADB_SLOW_TESTS") == "1"
@@ -230,8 +238,16 @@ def run_cli(args, lines):
 
 
 def stream_chunks(tok, ids, skip):
+    """DecodeStream's chunks; a step that raises (an invalid prefix) ends them with "error"."""
     stream = decoders.DecodeStream(skip_special_tokens=skip)
-    return [stream.step(tok, i) for i in ids]
+    chunks = []
+    for i in ids:
+        try:
+            chunks.append(stream.step(tok, i))
+        except Exception:  # noqa: BLE001  (tokenizers raises a plain Exception)
+            chunks.append("error")
+            break
+    return chunks
 
 
 def compare(name, tj, strings, rng, workdir, must_use=()):
@@ -246,16 +262,22 @@ def compare(name, tj, strings, rng, workdir, must_use=()):
     for token in must_use:
         if tok.token_to_id(token) not in used:
             fail(f"{name}: no test string encodes to {token!r}")
-    got = [r["ids"] for r in run_cli(["encode", path], strings)]
-    bad = 0
-    for s, e, g in zip(strings, expected, got):
-        if e != g:
-            bad += 1
-            fail(f"{name}: encode {s[:80]!r}: tokenizers {e[:20]} loradb {g[:20]}")
-    print(f"{name}: encode {len(strings)} strings, {len(strings) - bad} identical")
+    for args, want in ((["encode", path], expected),
+                       (["encode", path, "--no-special"],
+                        [tok.encode(s, add_special_tokens=False).ids for s in strings])):
+        got = [r["ids"] for r in run_cli(args, strings)]
+        bad = 0
+        for s, e, g in zip(strings, want, got):
+            if e != g:
+                bad += 1
+                fail(f"{name}: {' '.join(args[2:])} encode {s[:80]!r}: tokenizers {e[:20]} "
+                     f"loradb {g[:20]}")
+        print(f"{name}: encode {' '.join(args[2:])} {len(strings)} strings, "
+              f"{len(strings) - bad} identical")
 
     # Decoding: the encodings, cut sequences (partial UTF-8 at both ends), random ids.
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    valid_ids = [i for i in range(vocab_size + 8) if tok.id_to_token(i) is not None]
     seqs = list(expected)
     for e in expected[: len(expected) // 2]:
         if len(e) > 2:
@@ -263,7 +285,7 @@ def compare(name, tj, strings, rng, workdir, must_use=()):
             b = rng.randrange(a, len(e) + 1)
             seqs.append(e[a:b])
     for _ in range(len(expected) // 4):
-        seqs.append([rng.randrange(vocab_size) for _ in range(rng.randint(1, 12))])
+        seqs.append([rng.choice(valid_ids) for _ in range(rng.randint(1, 12))])
     for keep in (False, True):
         args = ["decode", path, "--stream"] + (["--keep-special"] if keep else [])
         results = run_cli(args, seqs)
@@ -271,17 +293,18 @@ def compare(name, tj, strings, rng, workdir, must_use=()):
         for ids, r in zip(seqs, results):
             want = tok.decode(ids, skip_special_tokens=not keep)
             chunks = stream_chunks(tok, ids, not keep)
-            if r["text"] != want or r["chunks"] != chunks:
+            got_chunks = ["error" if isinstance(c, dict) else c for c in r["chunks"]]
+            if r["text"] != want or got_chunks != chunks:
                 bad += 1
                 fail(f"{name}: decode {ids[:20]} keep_special={keep}: tokenizers {want[:60]!r} "
-                     f"{chunks[:8]} loradb {r['text'][:60]!r} {r['chunks'][:8]}")
+                     f"{chunks[:8]} loradb {r['text'][:60]!r} {got_chunks[:8]}")
         print(f"{name}: decode {len(seqs)} id sequences (keep_special={keep}, streaming too), "
               f"{len(seqs) - bad} identical")
 
 
 def check_cli_errors(qwen, workdir):
-    """The CLI's refusals: no tokenizer.json, text that is not UTF-8, a post-processor that adds
-    tokens (written by tokenizers itself), a truncated file."""
+    """The CLI's refusals: no tokenizer.json, text that is not UTF-8, a post-processor loradb
+    does not implement (written by tokenizers itself), a truncated file."""
     def expect_error(args, needle):
         r = subprocess.run([CLI, "tokenize", *args], capture_output=True)
         err = r.stderr.decode(errors="replace")
@@ -297,15 +320,54 @@ def check_cli_errors(qwen, workdir):
     expect_error(["encode", path, b"caf\xc3"], "UTF-8")
     expect_error(["decode", path, "5", str(10 ** 6)], "1000000")
     tok = Tokenizer.from_file(path)
-    tok.post_processor = processors.TemplateProcessing(
-        single="<|im_start|> $A", special_tokens=[("<|im_start|>", tok.token_to_id("<|im_start|>"))])
-    templated = os.path.join(workdir, "templated.json")
+    tok.post_processor = processors.BertProcessing(
+        ("<|im_end|>", tok.token_to_id("<|im_end|>")),
+        ("<|im_start|>", tok.token_to_id("<|im_start|>")))
+    templated = os.path.join(workdir, "bert.json")
     tok.save(templated)
-    expect_error(["encode", templated, "hi"], "TemplateProcessing")
+    expect_error(["encode", templated, "hi"], "BertProcessing")
     truncated = os.path.join(workdir, "truncated.json")
     with open(path, "rb") as f, open(truncated, "wb") as g:
         g.write(f.read()[:5000])
     expect_error(["encode", truncated, "hi"], "not valid JSON")
+
+
+# Strings on the edges the SentencePiece-style pipelines treat specially: spaces at either end and
+# in runs, the replacement character "▁" and byte-token spellings written in the text, characters
+# outside the vocabulary, newline runs (Gemma's added tokens), and added tokens next to text.
+EDGE_STRINGS = [" ", "  ", "   x", "x   ", " x ", "a  b   c", "\u2581", "\u2581x", "x\u2581\u2581y",
+                " \u2581 ", "<0x41>", "<0xZZ>", "\n", "\n\n\n\n", " \n \n", "\t x", "\U0001F600",
+                "\u00e9\U0001F600\u00e9", "\u0e01\u0e34", "a\u0301", "\uffff", "\U0010FFFF"]
+
+
+def family_strings(rng, base, tj):
+    """`base` plus the edge strings, each also with the family's added tokens put next to text,
+    between spaces and at either end."""
+    added = [t["content"] for t in tj["added_tokens"]]
+    out = list(base) + EDGE_STRINGS
+    for s in list(base[: len(base) // 2]) + EDGE_STRINGS:
+        parts = [s[:len(s) // 2], s[len(s) // 2:]]
+        token = rng.choice(added)
+        glue = rng.choice(["", " ", "  ", "\n", " \n "])
+        out.append(parts[0] + glue + token + rng.choice(["", " ", "  ", "\n"]) + parts[1])
+        out.append(token + s)
+        out.append(s + rng.choice(["", " "]) + token)
+    out += [" ".join(added), "".join(added), "  ".join(added) + "  "]
+    return out
+
+
+# Tokens each family's strings must reach, beside its template's.
+FAMILY_MUST_USE = {
+    "llama3": ["<|eot_id|>", "<|start_header_id|>"],
+    "nemo": ["[INST]"],
+    "mistral": ["<0xF0>", "<unk>", "<s>"],
+    "mistral-v3": ["<0xF0>", "[INST]"],
+    "phi3": ["<|assistant|>", "<|end|>", "<0xF0>"],
+    "gemma": ["<start_of_turn>", "\n\n", "\u2581\u2581", "<0xF0>"],
+    "spm-eos": ["</s>"],
+    "spm-unk": ["<unk>"],
+    "metaspace": ["<0xF0>"],
+}
 
 
 def main():
@@ -332,6 +394,10 @@ def main():
         for fused in (False, True):
             compare("fallback-fused" if fused else "fallback", fallback_variant(qwen, fused),
                     controls, rng, workdir, must_use=["<0xC4>", "<0x81>", "<unk>"])
+        for name, build in tokenizer_families.FAMILIES.items():
+            tj = build(texts)
+            compare(name, tj, family_strings(rng, strings[: n // 3], tj), rng, workdir,
+                    must_use=FAMILY_MUST_USE[name])
     if FAILURES:
         print(f"{len(FAILURES)} failures")
         return 1

@@ -8,11 +8,14 @@
 
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "tests/test_util.h"
+#include "text/pipeline.h"
 #include "text/utf8.h"
 
 namespace loradb::text {
@@ -78,6 +81,26 @@ Json MiniTokenizer() {
         {"ignore_merges", false},
         {"vocab", vocab},
         {"merges", merges}}}};
+}
+
+// A TemplateProcessing post-processor: `before`, then $A, then `after` (special token names, each
+// its id in MiniTokenizer's vocabulary).
+Json Template(const std::vector<std::string>& before, const std::vector<std::string>& after) {
+  const std::map<std::string, int> ids = {{"<|end|>", 259}, {"<mark>", 260}, {"<|nope|>", 0}};
+  Json single = Json::array(), specials = Json::object();
+  const auto add = [&](const std::string& name) {
+    single.push_back({{"SpecialToken", {{"id", name}, {"type_id", 0}}}});
+    if (name != "<|nope|>") {
+      specials[name] = {{"id", name}, {"ids", {ids.at(name)}}, {"tokens", {name}}};
+    }
+  };
+  for (const std::string& name : before) add(name);
+  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  for (const std::string& name : after) add(name);
+  return Json{{"type", "TemplateProcessing"},
+              {"single", single},
+              {"pair", single},
+              {"special_tokens", specials}};
 }
 
 std::unique_ptr<Tokenizer> Load(const Json& j) {
@@ -176,6 +199,147 @@ TEST(TokenizerTest, LongRunsOfOneCharacter) {
   EXPECT_EQ(tok->Encode(std::string(n, '1'))->size(), n);
 }
 
+// A SentencePiece-style tokenizer in the legacy Llama 2 layout: <unk> <s> </s> (0..2), the byte
+// tokens <0x00>..<0xFF> (3..258), then "▁" (259), "a", "b", "▁a", "ab", "▁ab" (260..264) and "é"
+// (265); normalizer Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer, a template adding <s>,
+// decoder Replace + ByteFallback + Fuse + Strip.
+constexpr char kSpace[] = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
+
+Json SpmTokenizer() {
+  const std::string sp = kSpace;
+  Json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) vocab[absl::StrFormat("<0x%02X>", b)] = 3 + b;
+  int id = 259;
+  for (const std::string& t : {sp, std::string("a"), std::string("b"), sp + "a", std::string("ab"),
+                               sp + "ab", std::string("\xC3\xA9")}) {
+    vocab[t] = id++;
+  }
+  const auto added = [](int id, const char* content) {
+    return Json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
+  Json pre = {{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}};
+  return Json{
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", Json::array({added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")})},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         Json::array(
+             {Json{{"type", "Prepend"}, {"prepend", sp}},
+              Json{{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}})}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", Json::array({pre, Json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+        {"pair", Json::array({pre, Json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                              Json{{"Sequence", {{"id", "B"}, {"type_id", 1}}}}})},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         Json::array({Json{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
+                      Json{{"type", "ByteFallback"}}, Json{{"type", "Fuse"}},
+                      Json{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", "<unk>"},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", Json::array({Json::array({sp, "a"}), Json::array({"a", "b"}),
+                                Json::array({sp + "a", "b"})})}}}};
+}
+
+TEST(TokenizerTest, SentencePieceStyleBpe) {
+  auto tok = Load(SpmTokenizer());
+  ASSERT_NE(tok, nullptr);
+  // "▁ab▁ab" is one piece (no pre-tokenizer): (▁, a) merges first at both places, then (▁a, b).
+  EXPECT_EQ(*tok->Encode("ab ab", /*add_special_tokens=*/false), (std::vector<int32_t>{264, 264}));
+  EXPECT_EQ(*tok->Encode("ab ab"), (std::vector<int32_t>{1, 264, 264}));
+  EXPECT_EQ(tok->special_template().before, std::vector<int32_t>{1});
+  EXPECT_TRUE(tok->special_template().after.empty());
+  // Characters outside the vocabulary become their UTF-8 bytes' tokens.
+  EXPECT_EQ(*tok->Encode("c", false), (std::vector<int32_t>{259, 3 + 'c'}));
+  EXPECT_EQ(*tok->Encode("\xC3\xA9", false), (std::vector<int32_t>{259, 265}));
+  EXPECT_EQ(*tok->Encode("\xF0\x9F\x98\x80", false),
+            (std::vector<int32_t>{259, 3 + 0xF0, 3 + 0x9F, 3 + 0x98, 3 + 0x80}));
+  // Prepend applies to each stretch of text between added tokens.
+  EXPECT_EQ(*tok->Encode("<s>ab", false), (std::vector<int32_t>{1, 264}));
+  EXPECT_EQ(*tok->Encode("", true), std::vector<int32_t>{1});
+  EXPECT_TRUE(tok->Encode("", false)->empty());
+  // Decoding: ▁ becomes a space, then the first one is stripped.
+  EXPECT_EQ(*tok->Decode({1, 264, 264}, /*skip_special_tokens=*/true), "ab ab");
+  EXPECT_EQ(*tok->Decode({1, 264, 264}, false), "<s> ab ab");
+  // Byte tokens are joined; a run that is not valid UTF-8 becomes one U+FFFD per byte, not per
+  // maximal subpart as byte-level decoding does.
+  EXPECT_EQ(*tok->Decode({3 + 0xC3, 3 + 0xA9}, true), "\xC3\xA9");
+  EXPECT_EQ(*tok->Decode({3 + 0xC3, 260}, true),
+            "\xEF\xBF\xBD"
+            "a");
+  EXPECT_EQ(*tok->Decode({3 + 0xC3, 3 + 'A'}, true), "\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+TEST(TokenizerTest, UnknownCharactersFuse) {
+  Json j = SpmTokenizer();
+  j["model"]["byte_fallback"] = false;
+  auto fused = Load(j);
+  ASSERT_NE(fused, nullptr);
+  EXPECT_EQ(*fused->Encode("ccaxx", false), (std::vector<int32_t>{259, 0, 260, 0}));
+  j["model"]["fuse_unk"] = false;
+  auto unfused = Load(j);
+  ASSERT_NE(unfused, nullptr);
+  EXPECT_EQ(*unfused->Encode("ccaxx", false), (std::vector<int32_t>{259, 0, 0, 260, 0, 0}));
+}
+
+// Split pieces of `text` by `pattern` with `behavior`.
+std::vector<std::string> SplitBy(const std::string& text, const std::string& pattern,
+                                 PreTokenizerStep::Behavior behavior, bool invert = false) {
+  PreTokenizerStep step;
+  step.pattern = Pattern::Literal(pattern);
+  step.behavior = behavior;
+  step.invert = invert;
+  std::vector<Piece> pieces{{0, text.size(), true}};
+  EXPECT_TRUE(SplitPieces(step, text, &pieces).ok());
+  std::vector<std::string> out;
+  for (const Piece& p : pieces) out.push_back(text.substr(p.begin, p.end - p.begin));
+  return out;
+}
+
+TEST(TokenizerTest, SplitBehaviors) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(SplitBy("a  b", " ", PreTokenizerStep::kIsolated), (V{"a", " ", " ", "b"}));
+  EXPECT_EQ(SplitBy("a  b", " ", PreTokenizerStep::kRemoved), (V{"a", "b"}));
+  EXPECT_EQ(SplitBy("a  b", " ", PreTokenizerStep::kMergedWithPrevious), (V{"a ", " ", "b"}));
+  EXPECT_EQ(SplitBy("a  b", " ", PreTokenizerStep::kMergedWithNext), (V{"a", " ", " b"}));
+  EXPECT_EQ(SplitBy("a  b", " ", PreTokenizerStep::kContiguous), (V{"a", "  ", "b"}));
+  EXPECT_EQ(SplitBy(" a", " ", PreTokenizerStep::kMergedWithPrevious), (V{" ", "a"}));
+  EXPECT_EQ(SplitBy("a b", " ", PreTokenizerStep::kRemoved, /*invert=*/true), (V{" "}));
+}
+
+TEST(TokenizerTest, MetaspacePrependsAndSplits) {
+  const std::string sp = kSpace;
+  PreTokenizerStep step;
+  step.kind = PreTokenizerStep::kMetaspace;
+  step.replacement = sp;
+  step.prepend = PreTokenizerStep::kFirst;
+  for (bool first : {true, false}) {
+    std::string text = "a b";
+    std::vector<Piece> pieces{{0, text.size(), first}};
+    ASSERT_TRUE(PreTokenize(step, &text, &pieces).ok());
+    std::vector<std::string> got;
+    for (const Piece& p : pieces) got.push_back(text.substr(p.begin, p.end - p.begin));
+    EXPECT_EQ(got, (first ? std::vector<std::string>{sp + "a", sp + "b"}
+                          : std::vector<std::string>{"a", sp + "b"}));
+  }
+}
+
 TEST(TokenizerTest, LoadsFileOrDirectory) {
   TempDir dir;
   { std::ofstream(dir.file("tokenizer.json")) << MiniTokenizer().dump(); }
@@ -214,14 +378,29 @@ TEST(TokenizerTest, RefusesWhatItDoesNotImplement) {
        "NFKC"},
       {"pre-tokenizer",
        [](Json& j) {
-         j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
+         j["pre_tokenizer"] = {{"type", "Whitespace"}};
        },
-       "Metaspace"},
-      {"no byte level", [](Json& j) { j["pre_tokenizer"]["pretokenizers"].erase(1); }, "ByteLevel"},
+       "Whitespace"},
+      {"byte level not last",
+       [](Json& j) {
+         auto& steps = j["pre_tokenizer"]["pretokenizers"];
+         steps.push_back(steps[0]);
+       },
+       "ByteLevel step before the last"},
       {"split behavior",
-       [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; }, "Removed"},
-      {"split invert", [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; },
-       "invert"},
+       [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways"; },
+       "Sideways"},
+      {"metaspace prepend scheme",
+       [](Json& j) {
+         j["pre_tokenizer"]["pretokenizers"][0] = {
+             {"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "sometimes"}};
+       },
+       "sometimes"},
+      {"metaspace replacement of two characters",
+       [](Json& j) {
+         j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Metaspace"}, {"replacement", "__"}};
+       },
+       "one character"},
       {"regex \\w",
        [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+|\\s+"; },
        "\\w"},
@@ -233,9 +412,34 @@ TEST(TokenizerTest, RefusesWhatItDoesNotImplement) {
        "add_prefix_space"},
       {"post-processor",
        [](Json& j) {
-         j["post_processor"] = {{"type", "TemplateProcessing"}};
+         j["post_processor"] = {{"type", "BertProcessing"}};
        },
-       "TemplateProcessing"},
+       "BertProcessing"},
+      {"template with an unknown special token",
+       [](Json& j) { j["post_processor"] = Template({"<|nope|>"}, {}); }, "<|nope|>"},
+      {"template adding an id that names no token",
+       [](Json& j) {
+         j["post_processor"] = Template({"<|end|>"}, {});
+         j["post_processor"]["special_tokens"]["<|end|>"]["ids"] = {5000};
+       },
+       "id 5000"},
+      {"template without sequence A",
+       [](Json& j) {
+         j["post_processor"] = Template({"<|end|>"}, {});
+         j["post_processor"]["single"].erase(1);
+       },
+       "sequence A"},
+      {"decoder in sequence",
+       [](Json& j) {
+         j["decoder"] = {{"type", "Sequence"},
+                         {"decoders", Json::array({{{"type", "Fuse"}}, {{"type", "CTC"}}})}};
+       },
+       "CTC"},
+      {"strip of two characters",
+       [](Json& j) {
+         j["decoder"] = {{"type", "Strip"}, {"content", "ab"}, {"start", 1}, {"stop", 0}};
+       },
+       "one character"},
       {"decoder",
        [](Json& j) {
          j["decoder"] = {{"type", "WordPiece"}};

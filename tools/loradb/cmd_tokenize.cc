@@ -1,9 +1,12 @@
 // `loradb tokenize encode|decode|info TOKENIZER ...`: text <-> token ids with a base's Hugging
 // Face tokenizer.json (text/tokenizer.h). TOKENIZER is the file or the base directory holding it.
-//   encode TOKENIZER TEXT            prints the ids (--json: {"ids": [...]})
+//   encode TOKENIZER TEXT            prints the ids (--json: {"ids": [...]}); --no-special leaves
+//                                    out the tokens the post-processor adds (BOS/EOS), as
+//                                    tokenizers' add_special_tokens=False
 //   decode TOKENIZER ID...           prints the text (--json: {"text": ...}); --keep-special keeps
 //                                    special tokens (tokenizers' skip_special_tokens=False);
 //                                    --stream also reports the chunks a streaming decoder emits
+//                                    (a failed step ends them with {"error": message})
 //   info TOKENIZER                   vocabulary size and added tokens
 // With --jsonl FILE, encode reads one JSON string per line and decode one JSON array of ids per
 // line, and each prints one JSON object per line: the batch form the tests and tools use.
@@ -31,7 +34,7 @@ using text::Tokenizer;
 struct TokenizeArgs {
   std::string tokenizer, text, jsonl;
   std::vector<std::string> ids;
-  bool json = false, keep_special = false, stream = false;
+  bool json = false, keep_special = false, stream = false, no_special = false;
 };
 
 absl::StatusOr<std::vector<int32_t>> ParseIds(const std::vector<std::string>& args) {
@@ -78,8 +81,14 @@ absl::StatusOr<Json> DecodeJson(const Tokenizer& tok, const std::vector<int32_t>
     text::DecodeStream stream(tok, !a.keep_special);
     Json chunks = Json::array();
     for (int32_t id : ids) {
-      LORADB_ASSIGN_OR_RETURN(std::optional<std::string> chunk, stream.Step(id));
-      chunks.push_back(chunk.has_value() ? Json(*chunk) : Json(nullptr));
+      // A step that fails (the text decoded so far no longer starts with what was emitted, as
+      // tokenizers' DecodeStream also reports) ends the stream with {"error": ...}.
+      absl::StatusOr<std::optional<std::string>> chunk = stream.Step(id);
+      if (!chunk.ok()) {
+        chunks.push_back(Json{{"error", std::string(chunk.status().message())}});
+        break;
+      }
+      chunks.push_back(chunk->has_value() ? Json(**chunk) : Json(nullptr));
     }
     out["chunks"] = std::move(chunks);
   }
@@ -91,12 +100,13 @@ absl::Status RunEncode(const TokenizeArgs& a) {
   if (!a.jsonl.empty()) {
     return ForEachJsonLine(a.jsonl, [&](size_t, const Json& j) -> absl::Status {
       if (!j.is_string()) return absl::InvalidArgumentError("expected a JSON string");
-      LORADB_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(j.get<std::string>()));
+      LORADB_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                              tok->Encode(j.get<std::string>(), !a.no_special));
       std::cout << Json({{"ids", ids}}).dump() << "\n";
       return absl::OkStatus();
     });
   }
-  LORADB_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(a.text));
+  LORADB_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(a.text, !a.no_special));
   if (a.json) {
     PrintJson({{"ids", ids}});
   } else {
@@ -159,6 +169,9 @@ void SetupTokenize(CLI::App* sub, Invocation* inv) {
   add_common(encode);
   encode->add_option("TEXT", a->text, "the text (UTF-8)");
   encode->add_option("--jsonl", a->jsonl, "file of JSON strings, one per line (batch)");
+  encode->add_flag("--no-special", a->no_special,
+                   "leave out the tokens the post-processor adds (tokenizers' "
+                   "add_special_tokens=False)");
   encode->callback([inv, a] { inv->run = [a] { return RunEncode(*a); }; });
 
   CLI::App* decode = sub->add_subcommand("decode", "print the text of token ids");
