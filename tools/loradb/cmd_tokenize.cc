@@ -8,12 +8,18 @@
 //                                    --stream also reports the chunks a streaming decoder emits
 //                                    (a failed step ends them with {"error": message})
 //   info TOKENIZER                   vocabulary size and added tokens
+//   chat MODEL MESSAGES.json         prints the prompt the model's chat template renders
+//                                    (text/chat_template.h); --add-generation-prompt, --tools
+//                                    FILE, --extra JSON; --jsonl FILE renders one request per line
+//                                    ({"messages", "add_generation_prompt", "tools", "extra"}) into
+//                                    {"text": ...} or {"error": ...}
 // With --jsonl FILE, encode reads one JSON string per line and decode one JSON array of ids per
 // line, and each prints one JSON object per line: the batch form the tests and tools use.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "storage/util/status_macros.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "tools/loradb/command.h"
 
@@ -35,6 +42,8 @@ struct TokenizeArgs {
   std::string tokenizer, text, jsonl;
   std::vector<std::string> ids;
   bool json = false, keep_special = false, stream = false, no_special = false;
+  std::string messages, tools, extra;
+  bool add_generation_prompt = false;
 };
 
 absl::StatusOr<std::vector<int32_t>> ParseIds(const std::vector<std::string>& args) {
@@ -157,6 +166,52 @@ absl::Status RunInfo(const TokenizeArgs& a) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::Status RunChat(const TokenizeArgs& a) {
+  LORADB_ASSIGN_OR_RETURN(std::unique_ptr<text::ChatTemplate> chat,
+                          text::ChatTemplate::Load(a.tokenizer));
+  if (!a.jsonl.empty()) {
+    return ForEachJsonLine(a.jsonl, [&](size_t, const Json& j) -> absl::Status {
+      if (!j.is_object() || !j.contains("messages")) {
+        return absl::InvalidArgumentError("expected {\"messages\": [...], ...}");
+      }
+      text::ChatTemplate::Request r;
+      r.messages_json = j["messages"].dump();
+      r.add_generation_prompt = j.value("add_generation_prompt", false);
+      if (j.contains("tools")) r.tools_json = j["tools"].dump();
+      if (j.contains("documents")) r.documents_json = j["documents"].dump();
+      if (j.contains("extra")) r.extra_json = j["extra"].dump();
+      absl::StatusOr<std::string> text = chat->Render(r);
+      std::cout << (text.ok() ? Json({{"text", *text}})
+                              : Json({{"error", std::string(text.status().message())}}))
+                       .dump()
+                << "\n";
+      return absl::OkStatus();
+    });
+  }
+  text::ChatTemplate::Request r;
+  LORADB_ASSIGN_OR_RETURN(r.messages_json, ReadAll(a.messages));
+  r.add_generation_prompt = a.add_generation_prompt;
+  if (!a.tools.empty()) {
+    LORADB_ASSIGN_OR_RETURN(r.tools_json, ReadAll(a.tools));
+  }
+  r.extra_json = a.extra;
+  LORADB_ASSIGN_OR_RETURN(std::string text, chat->Render(r));
+  if (a.json) {
+    std::cout << Json({{"text", text}}).dump() << "\n";
+  } else {
+    std::cout << text;
+  }
+  return absl::OkStatus();
+}
+
 void SetupTokenize(CLI::App* sub, Invocation* inv) {
   sub->require_subcommand(1);
   auto a = std::make_shared<TokenizeArgs>();
@@ -182,6 +237,21 @@ void SetupTokenize(CLI::App* sub, Invocation* inv) {
   decode->add_flag("--stream", a->stream,
                    "also report the chunks incremental (streaming) decoding emits, id by id");
   decode->callback([inv, a] { inv->run = [a] { return RunDecode(*a); }; });
+
+  CLI::App* chat =
+      sub->add_subcommand("chat", "print the prompt the model's chat template renders");
+  chat->add_option("MODEL", a->tokenizer,
+                   "model directory (chat_template.jinja or tokenizer_config.json), "
+                   "tokenizer_config.json or a .jinja file")
+      ->required();
+  chat->add_option("MESSAGES", a->messages, "JSON file: an array of messages");
+  chat->add_flag("--add-generation-prompt", a->add_generation_prompt,
+                 "end with the header that starts the assistant's turn");
+  chat->add_option("--tools", a->tools, "JSON file: an array of tool schemas");
+  chat->add_option("--extra", a->extra, "JSON object of more template variables");
+  chat->add_option("--jsonl", a->jsonl, "file of requests, one JSON object per line (batch)");
+  AddJsonFlag(chat, &a->json);
+  chat->callback([inv, a] { inv->run = [a] { return RunChat(*a); }; });
 
   CLI::App* info = sub->add_subcommand("info", "vocabulary size and added tokens");
   add_common(info);
