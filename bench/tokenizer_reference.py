@@ -1,10 +1,12 @@
 # The Hugging Face `tokenizers` side of `loradb-bench tokenizer` (bench/tokenizer_bench.cc).
-# argv: DIR VOCAB TEXTS REPS. Trains a byte-level BPE with Qwen3's layout on a generated
-# multilingual corpus, writes DIR/tokenizer.json and DIR/texts.jsonl, and prints one JSON object
-# with the reference's timings.
+# argv: DIR VOCAB TEXTS REPS [KIND]. Trains a tokenizer of KIND on a generated multilingual corpus
+# (qwen, the default: byte-level BPE with Qwen3's layout; or a family of
+# tests/python/tokenizer_families.py: llama3, mistral, phi3, gemma, ...), writes DIR/tokenizer.json
+# and DIR/texts.jsonl, and prints one JSON object with the reference's timings.
 import json, os, random, sys, time
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 d, vocab, n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+kind = sys.argv[5] if len(sys.argv) > 5 else "qwen"
 rng = random.Random(7)
 words = ("the of and to in is that for it with as was on be by this are from at or have an "
          "they which one you were her all she there would their we him been has when who will "
@@ -24,17 +26,23 @@ def text():
     return "".join(parts)
 train = [text() for _ in range(4000)]
 texts = [text() for _ in range(n)]
-tok = Tokenizer(models.BPE())
-tok.normalizer = normalizers.NFC()
-pat = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-       r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-tok.pre_tokenizer = pre_tokenizers.Sequence([
-    pre_tokenizers.Split(Regex(pat), behavior="isolated", invert=False),
-    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-tok.decoder = decoders.ByteLevel()
-tok.train_from_iterator(train, trainers.BpeTrainer(
-    vocab_size=vocab, special_tokens=["<|endoftext|>"], show_progress=False,
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+if kind == "qwen":
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    pat = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+           r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pat), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(train, trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+else:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                    "python"))
+    import tokenizer_families
+    tok = Tokenizer.from_str(json.dumps(tokenizer_families.FAMILIES[kind](train, vocab)))
 tok.save(os.path.join(d, "tokenizer.json"))
 with open(os.path.join(d, "texts.jsonl"), "w", encoding="utf-8") as f:
     for t in texts: f.write(json.dumps(t, ensure_ascii=False) + "\n")
