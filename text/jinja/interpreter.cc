@@ -503,38 +503,54 @@ absl::StatusOr<Interpreter::Flow> Interpreter::ExecFor(const Node& n) {
     items = std::move(kept);
   }
   const int64_t length = static_cast<int64_t>(items.size());
+  // One loop object for the whole loop, advanced in place as jinja2's LoopContext is; one frame,
+  // emptied before each iteration (each iteration starts from a fresh scope).
+  Value loop = Value::MakeDict();
+  auto index = std::make_shared<int64_t>(0);
+  {
+    Dict& d = loop.mutable_dict();
+    for (const char* key : {"index", "index0", "revindex", "revindex0", "first", "last", "length",
+                            "depth", "depth0", "previtem", "nextitem"}) {
+      d.entries.emplace_back(key, Value());
+    }
+    d.entries.emplace_back(
+        "cycle",
+        Value::Function("cycle", [index](Interpreter& in, Args& a) -> absl::StatusOr<Value> {
+          if (a.positional.empty()) return in.Error(in.line(), "loop.cycle() needs arguments");
+          return a.positional[static_cast<size_t>(*index) % a.positional.size()];
+        }));
+  }
+  frames_.emplace_back();
+  const size_t frame = frames_.size() - 1;
+  absl::StatusOr<Flow> flow = Flow::kNormal;
   for (int64_t i = 0; i < length; ++i) {
     if (++iterations_ > limits_.max_loop_iterations) {
-      return absl::ResourceExhaustedError(absl::StrCat("template line ", n.line, ": more than ",
+      flow = absl::ResourceExhaustedError(absl::StrCat("template line ", n.line, ": more than ",
                                                        limits_.max_loop_iterations,
                                                        " loop iterations"));
+      break;
     }
-    frames_.emplace_back();
-    Value loop = Value::MakeDict();
-    Dict& d = loop.mutable_dict();
-    d.Set("index", Value::Int(i + 1));
-    d.Set("index0", Value::Int(i));
-    d.Set("revindex", Value::Int(length - i));
-    d.Set("revindex0", Value::Int(length - i - 1));
-    d.Set("first", Value::Bool(i == 0));
-    d.Set("last", Value::Bool(i == length - 1));
-    d.Set("length", Value::Int(length));
-    d.Set("depth", Value::Int(1));
-    d.Set("depth0", Value::Int(0));
-    d.Set("previtem", i > 0 ? items[i - 1] : Value::Undefined("previtem"));
-    d.Set("nextitem", i + 1 < length ? items[i + 1] : Value::Undefined("nextitem"));
-    d.Set("cycle", Value::Function("cycle", [i](Interpreter& in, Args& a) -> absl::StatusOr<Value> {
-            if (a.positional.empty()) return in.Error(in.line(), "loop.cycle() needs arguments");
-            return a.positional[static_cast<size_t>(i) % a.positional.size()];
-          }));
-    Set("loop", loop);
+    *index = i;
+    auto& e = loop.mutable_dict().entries;
+    e[0].second = Value::Int(i + 1);
+    e[1].second = Value::Int(i);
+    e[2].second = Value::Int(length - i);
+    e[3].second = Value::Int(length - i - 1);
+    e[4].second = Value::Bool(i == 0);
+    e[5].second = Value::Bool(i == length - 1);
+    e[6].second = Value::Int(length);
+    e[7].second = Value::Int(1);
+    e[8].second = Value::Int(0);
+    e[9].second = i > 0 ? items[i - 1] : Value::Undefined("previtem");
+    e[10].second = i + 1 < length ? items[i + 1] : Value::Undefined("nextitem");
+    frames_[frame].clear();
+    frames_[frame]["loop"] = loop;
     absl::Status assigned = Assign(n.names, items[i]);
-    absl::StatusOr<Flow> flow =
-        assigned.ok() ? ExecBody(*n.kids[1]) : absl::StatusOr<Flow>(assigned);
-    frames_.pop_back();
-    if (!flow.ok()) return flow.status();
-    if (*flow == Flow::kBreak) break;
+    flow = assigned.ok() ? ExecBody(*n.kids[1]) : absl::StatusOr<Flow>(assigned);
+    if (!flow.ok() || *flow == Flow::kBreak) break;
   }
+  frames_.pop_back();
+  if (!flow.ok()) return flow.status();
   if (length == 0 && n.flag) return ExecBody(*n.kids[3]);
   return Flow::kNormal;
 }

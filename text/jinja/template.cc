@@ -349,8 +349,17 @@ class Lexer {
     return p + 1;
   }
 
-  int LineAt(size_t pos) const {
-    return 1 + static_cast<int>(std::count(src_.begin(), src_.begin() + pos, '\n'));
+  // The line of byte `pos`, counting newlines from the last position asked (positions come in
+  // increasing order, so lexing stays linear in the template's size).
+  int LineAt(size_t pos) {
+    if (pos < line_cache_pos_) {
+      line_cache_pos_ = 0;
+      line_cache_ = 1;
+    }
+    line_cache_ +=
+        static_cast<int>(std::count(src_.begin() + line_cache_pos_, src_.begin() + pos, '\n'));
+    line_cache_pos_ = pos;
+    return line_cache_;
   }
   void Emit(Tok kind, std::string text, size_t pos) {
     line_ = LineAt(pos);
@@ -360,6 +369,8 @@ class Lexer {
   std::string src_;
   std::vector<Token> tokens_;
   int line_ = 1;
+  size_t line_cache_pos_ = 0;
+  int line_cache_ = 1;
 };
 
 }  // namespace
@@ -461,7 +472,7 @@ class Parser {
       const Token& tok = Peek();
       if (tok.kind == Tok::kEnd) {
         if (!stop.empty()) {
-          return SyntaxError(tok.line, absl::StrCat("missing {% ", stop.front(), " %}"));
+          return SyntaxError(tok.line, absl::StrCat("missing {% ", stop.back(), " %}"));
         }
         break;
       }

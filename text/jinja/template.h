@@ -54,8 +54,9 @@ class Template {
 
   // Renders with the variables `vars` (plus the globals). Thread-safe: a render shares nothing
   // mutable with another. Errors: InvalidArgument "line N: ..." for a runtime error (a type
-  // error, an undefined value used as jinja2 refuses it, a sandbox-forbidden method), Aborted for
-  // raise_exception(message) with the template's message, ResourceExhausted past a limit.
+  // error, an undefined value used as jinja2 refuses it, a sandbox-forbidden method, an unknown
+  // filter or test reached in an if), InvalidArgument "... raise_exception: <message>" for the
+  // template's own raise_exception, ResourceExhausted past a limit.
   [[nodiscard]] absl::StatusOr<std::string> Render(
       const std::vector<std::pair<std::string, Value>>& vars) const;
 

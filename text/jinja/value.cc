@@ -58,45 +58,53 @@ Value Value::Markup(std::string s) {
 Value Value::MakeList(std::vector<Value> items, bool tuple) {
   Value v;
   v.type_ = kList;
-  v.list_ = std::make_shared<List>();
-  v.list_->items = std::move(items);
-  v.list_->tuple = tuple;
+  auto list = std::make_shared<List>();
+  list->items = std::move(items);
+  list->tuple = tuple;
+  v.obj_ = std::move(list);
   return v;
 }
 Value Value::Generator(std::vector<Value> items) {
   Value v = MakeList(std::move(items));
-  v.list_->generator = true;
+  static_cast<List*>(v.obj_.get())->generator = true;
   return v;
 }
 Value Value::MakeDict() {
   Value v;
   v.type_ = kDict;
-  v.dict_ = std::make_shared<Dict>();
+  v.obj_ = std::make_shared<Dict>();
   return v;
 }
 Value Value::MakeNamespace() {
   Value v = MakeDict();
-  v.dict_->is_namespace = true;
+  static_cast<Dict*>(v.obj_.get())->is_namespace = true;
   return v;
 }
 Value Value::Function(std::string name,
                       std::function<absl::StatusOr<Value>(Interpreter&, Args&)> fn) {
   Value v;
   v.type_ = kCallable;
-  v.fn_ = std::make_shared<Callable>();
-  v.fn_->name = std::move(name);
-  v.fn_->fn = std::move(fn);
+  auto callable = std::make_shared<Callable>();
+  callable->name = std::move(name);
+  callable->fn = std::move(fn);
+  v.obj_ = std::move(callable);
   return v;
 }
 
-bool Value::is_namespace() const { return type_ == kDict && dict_->is_namespace; }
-bool Value::is_tuple() const { return type_ == kList && list_->tuple; }
-bool Value::is_generator() const { return type_ == kList && list_->generator; }
-const std::vector<Value>& Value::items() const { return list_->items; }
-std::vector<Value>& Value::mutable_items() { return list_->items; }
-const Dict& Value::dict() const { return *dict_; }
-Dict& Value::mutable_dict() { return *dict_; }
-const Callable& Value::callable() const { return *fn_; }
+bool Value::is_namespace() const { return type_ == kDict && dict().is_namespace; }
+bool Value::is_tuple() const {
+  return type_ == kList && static_cast<const List*>(obj_.get())->tuple;
+}
+bool Value::is_generator() const {
+  return type_ == kList && static_cast<const List*>(obj_.get())->generator;
+}
+const std::vector<Value>& Value::items() const {
+  return static_cast<const List*>(obj_.get())->items;
+}
+std::vector<Value>& Value::mutable_items() { return static_cast<List*>(obj_.get())->items; }
+const Dict& Value::dict() const { return *static_cast<const Dict*>(obj_.get()); }
+Dict& Value::mutable_dict() { return *static_cast<Dict*>(obj_.get()); }
+const Callable& Value::callable() const { return *static_cast<const Callable*>(obj_.get()); }
 
 bool Value::Truthy() const {
   switch (type_) {
@@ -112,9 +120,9 @@ bool Value::Truthy() const {
     case kString:
       return !s_.empty();
     case kList:
-      return list_->generator || !list_->items.empty();
+      return is_generator() || !items().empty();
     case kDict:
-      return dict_->is_namespace || !dict_->entries.empty();
+      return dict().is_namespace || !dict().entries.empty();
     case kCallable:
       return true;
   }
@@ -141,9 +149,9 @@ const char* Value::TypeName() const {
     case kString:
       return "str";
     case kList:
-      return list_->tuple ? "tuple" : "list";
+      return is_generator() ? "generator" : is_tuple() ? "tuple" : "list";
     case kDict:
-      return dict_->is_namespace ? "Namespace" : "dict";
+      return dict().is_namespace ? "Namespace" : "dict";
     case kCallable:
       return "function";
   }

@@ -88,9 +88,7 @@ class Value {
   int64_t i_ = 0;
   double f_ = 0;
   std::string s_;
-  std::shared_ptr<List> list_;
-  std::shared_ptr<Dict> dict_;
-  std::shared_ptr<Callable> fn_;
+  std::shared_ptr<void> obj_;  // the List, Dict or Callable of a list, dict or callable
 };
 
 struct List {
