@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "tests/test_util.h"
 #include "text/pipeline.h"
@@ -337,6 +338,23 @@ TEST(TokenizerTest, MetaspacePrependsAndSplits) {
     for (const Piece& p : pieces) got.push_back(text.substr(p.begin, p.end - p.begin));
     EXPECT_EQ(got, (first ? std::vector<std::string>{sp + "a", sp + "b"}
                           : std::vector<std::string>{"a", sp + "b"}));
+  }
+}
+
+TEST(TokenizerTest, FamilyMiniTokenizersRoundTrip) {
+  // The committed mini tokenizers of each family's layout load, fit a 1024-id vocabulary, add
+  // their template's BOS, and decode what they encode back to the text.
+  const std::string text = "The sky is blue.\nWhat colour is the sun? It is   yellow!";
+  for (const char* kind : {"llama3", "mistral", "phi3", "gemma"}) {
+    auto tok = Tokenizer::Load(testing::TestData(absl::StrCat("tokenizer/mini_", kind, ".json")));
+    ASSERT_TRUE(tok.ok()) << kind << ": " << tok.status();
+    EXPECT_LE((*tok)->vocab_size(), 1024) << kind;
+    auto with = (*tok)->Encode(text);
+    auto without = (*tok)->Encode(text, /*add_special_tokens=*/false);
+    ASSERT_TRUE(with.ok() && without.ok()) << kind;
+    EXPECT_EQ(with->size(), without->size() + 1) << kind;
+    EXPECT_TRUE((*tok)->IsSpecial(with->front())) << kind;
+    EXPECT_EQ(*(*tok)->Decode(*with, /*skip_special_tokens=*/true), text) << kind;
   }
 }
 

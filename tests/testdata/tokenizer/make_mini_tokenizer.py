@@ -6,7 +6,12 @@ trainer before its limit of 600), then <|im_start|> (364) and <|im_end|> (365), 
 the tiny test bases' vocabulary of 1024. Deterministic:
 rerunning it with tokenizers 0.23.3 rewrites the same file.
 
-usage: make_mini_tokenizer.py OUT.json
+With a KIND (llama3, mistral, mistral-v3, phi3, gemma, nemo), it writes instead a tokenizer of
+that model family's layout (tests/python/tokenizer_families.py) trained on the same corpus with a
+limit of 600 tokens, so every id, the added tokens' included, fits a vocabulary of 1024: the
+mini_<KIND>.json files beside this script.
+
+usage: make_mini_tokenizer.py OUT.json [KIND]
 """
 import json
 import sys
@@ -28,6 +33,16 @@ def corpus():
 
 
 def main():
+    if len(sys.argv) > 2:
+        import os
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                        "python"))
+        import tokenizer_families
+        j = tokenizer_families.FAMILIES[sys.argv[2]](list(corpus()), 600)
+        with open(sys.argv[1], "w") as f:
+            json.dump(j, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        return
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
