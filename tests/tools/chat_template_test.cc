@@ -10,6 +10,7 @@
 
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -100,9 +101,10 @@ TEST(ChatTemplateTest, FiltersTestsAndMethods) {
                "{{ none is none }} {{ 3 is divisibleby 3 }} {{ 'a' in 'cat' }} {{ 2 not in [1] }}",
                m),
             "True True False True True True True");
-  EXPECT_EQ(Ok("{{ 'Hello World'.lower().replace('o', '0') }} {{ 'a b'.title() }} "
-               "{{ 'ab'.startswith(('x', 'a')) }} {{ '{} {}'.format(1, 'z') }} {{ '%s-%d' % ('a', 2) }}"),
-            "hell0 w0rld A B True 1 z a-2");
+  EXPECT_EQ(
+      Ok("{{ 'Hello World'.lower().replace('o', '0') }} {{ 'a b'.title() }} "
+         "{{ 'ab'.startswith(('x', 'a')) }} {{ '{} {}'.format(1, 'z') }} {{ '%s-%d' % ('a', 2) }}"),
+      "hell0 w0rld A B True 1 z a-2");
   EXPECT_EQ(Ok("{{ {'a': 1}.get('b', 'dflt') }} {% for k, v in {'x': 1}.items() %}{{ k }}{{ v }}"
                "{% endfor %} {{ undefined_name | default('d') }} {{ [3, 1, 2] | sort | first }}"),
             "dflt x1 d 1");
@@ -207,9 +209,32 @@ TEST(ChatTemplateTest, LoadsModelDirectories) {
   EXPECT_EQ(ChatTemplate::Load(empty.path()).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(ChatTemplateTest, RendersConcurrently) {
+  // One parsed template serves several threads at once (each render has its own scopes and
+  // namespaces); every thread gets the serial result.
+  auto chat = ChatTemplate::Load(testing::TestData("chat_templates/qwen3.jinja"));
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  ChatTemplate::Request r;
+  r.messages_json = R"([{"role": "user", "content": "q"}, {"role": "assistant",
+                        "content": "<think>t</think>a"}, {"role": "user", "content": "q2"}])";
+  r.add_generation_prompt = true;
+  const std::string expected = *(*chat)->Render(r);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        auto got = (*chat)->Render(r);
+        if (!got.ok() || *got != expected) ++mismatches[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+}
+
 TEST(ChatTemplateTest, ReasoningIsAliasedAndNullsDropped) {
-  auto chat = ChatTemplate::FromSource(
-      "{% for m in messages %}{{ m | tojson }}{% endfor %}", {});
+  auto chat = ChatTemplate::FromSource("{% for m in messages %}{{ m | tojson }}{% endfor %}", {});
   ASSERT_TRUE(chat.ok());
   ChatTemplate::Request r;
   r.messages_json = R"([{"role": "assistant", "content": "a", "reasoning": "r", "x": null}])";
